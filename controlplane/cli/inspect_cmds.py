@@ -1,0 +1,109 @@
+"""Subcommands that read the log: status, log, explain, verify."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from controlplane.cli.context import settings_and_store
+from controlplane.cli.output import emit, table
+from controlplane.explain import explain_id
+from controlplane.replay import state_at
+from controlplane.state.fold import MEMORY_FIT, PENDING
+from events.projections import load_all
+from events.verify import verify_chain
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def _render_status(report: dict[str, Any]) -> str:
+    lines = [f"log position {report['position']}; "
+             f"{len(report['projections'].get(PENDING, {}))} command(s) awaiting a decision"]
+    fits = report["projections"].get(MEMORY_FIT, {})
+    if fits:
+        rows = [[name, "yes" if row["fits"] else "no", row["required_gib_per_gpu"],
+                 row["usable_gib_per_gpu"], row["max_concurrency"]]
+                for name, row in fits.items()]
+        lines += ["", "memory fit", table(["model", "fits", "required GiB/GPU",
+                                           "usable GiB/GPU", "max concurrency"], rows)]
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--at", "at_position", type=click.IntRange(min=0), default=None,
+              help="Show the state as of this log position (folded from the log).")
+@json_option
+def status(at_position: int | None, as_json: bool) -> None:
+    """Show the fleet state, live or as of a past log position."""
+    _, store = settings_and_store()
+    head, _ = store.head()
+    if at_position is None:
+        with store.engine.connect() as conn:
+            projections = load_all(conn)
+        position = head
+    else:
+        position = min(at_position, head)
+        projections = state_at(store, position).snapshot()
+    emit({"position": position, "projections": projections}, as_json, _render_status)
+
+
+@click.command("log")
+@click.option("--stream", "stream_id", default=None, help="Only this stream.")
+@click.option("--type", "event_type", default=None, help="Only this event type.")
+@click.option("--command", "command_id", default=None, help="Only this command's events.")
+@click.option("--from", "from_position", type=click.IntRange(min=0), default=0,
+              help="Start after this position.")
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@json_option
+def log_command(stream_id: str | None, event_type: str | None, command_id: str | None,
+                from_position: int, limit: int, as_json: bool) -> None:
+    """List events, oldest first, with filters."""
+    _, store = settings_and_store()
+    selected = []
+    for event in store.read_all(from_position=from_position):
+        if stream_id and event.stream_id != stream_id:
+            continue
+        if event_type and event.event_type != event_type:
+            continue
+        if command_id and event.command_id != command_id:
+            continue
+        selected.append(event.as_dict())
+        if len(selected) >= limit:
+            break
+    emit(selected, as_json, lambda rows: table(
+        ["position", "stream", "type", "outcome", "command"],
+        [[r["position"], r["stream_id"], r["event_type"], r["data"].get("outcome"),
+          r["command_id"]] for r in rows]))
+
+
+@click.command()
+@click.argument("identifier")
+@json_option
+def explain(identifier: str, as_json: bool) -> None:
+    """Explain a decision by event id, command id or request id."""
+    _, store = settings_and_store()
+    explanation = explain_id(store, identifier)
+    emit(explanation, as_json, _render_explanation)
+
+
+def _render_explanation(report: dict[str, Any]) -> str:
+    lines = []
+    for step in report["chain"]:
+        lines.append(f"#{step['position']} {step['event_type']} on {step['stream_id']}"
+                     + (f": {step['outcome']}" if step.get("outcome") else ""))
+        for reason in step.get("reasons", []):
+            lines.append(f"    {reason['code']}: {reason['message']}")
+    return "\n".join(lines)
+
+
+@click.command()
+@json_option
+def verify(as_json: bool) -> int:
+    """Verify the hash chain; exit 1 and name the first bad position if it is broken."""
+    _, store = settings_and_store()
+    report = verify_chain(store.read_all(raw=True), store.head())
+    emit(report.__dict__, as_json,
+         lambda r: f"chain intact: {r['events_checked']} events verified" if r["ok"] else
+         f"chain BROKEN at position {r['first_bad_position']}: {r['problem']} ({r['detail']})")
+    return 0 if report.ok else 1

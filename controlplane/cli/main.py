@@ -1,0 +1,63 @@
+"""`fleetctl`: the command-line entry point. Exit codes: 0 done, 1 a decision said no,
+2 bad input or usage, 3 an operational failure."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+
+from controlplane.cli.demo import demo
+from controlplane.cli.inspect_cmds import explain, log_command, status, verify
+from controlplane.cli.output import fail
+from controlplane.cli.queue_cmds import init, reconcile, submit, up, worker
+from controlplane.cli.replay_cmd import replay
+from controlplane.errors import FleetError, SubmissionRejected
+from controlplane.logging import configure_logging
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--log-level", default=None, help="Log level for stderr (default WARNING).")
+def cli(log_level: str | None) -> None:
+    """Fleet control plane for LLM inference: decide, record, replay, explain."""
+    configure_logging(log_level)
+
+
+for command in (demo, init, submit, worker, up, reconcile, status, log_command, explain, verify, replay):
+    cli.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run `fleetctl`, mapping typed errors to one clear line and an exit code."""
+    try:
+        code = cli.main(args=argv, prog_name="fleetctl", standalone_mode=False)
+    except click.exceptions.Abort:
+        fail("aborted")
+        sys.exit(130)
+    except click.UsageError as error:
+        fail(error.format_message())
+        sys.exit(2)
+    except click.ClickException as error:
+        fail(error.format_message())
+        sys.exit(error.exit_code)
+    except SubmissionRejected as error:
+        for problem in error.problems:
+            click.echo(str(problem), err=True)
+        fail(str(error))
+        sys.exit(error.exit_code)
+    except FleetError as error:
+        fail(str(error))
+        sys.exit(error.exit_code)
+    except SQLAlchemyError as error:
+        fail(f"database failure: {error.__class__.__name__}: {getattr(error, 'orig', error)}")
+        sys.exit(3)
+    except RedisError as error:
+        fail(f"Redis failure: {error.__class__.__name__}: {error}")
+        sys.exit(3)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Subcommands that move commands: init, submit, worker, up, reconcile."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from controlplane.cli.context import settings_and_store
+from controlplane.cli.output import emit
+from controlplane.errors import InputError
+from controlplane.service import Outcome
+from controlplane.submission import parse_submission
+from events.database import migrate
+from workers.connections import connect, redis_url_in_use
+from workers.pipeline import reconcile as reconcile_pending
+from workers.pipeline import submit as submit_commands
+from workers.pipeline import wait_for_decisions
+from workers.runner import EmbeddedRedisServer, advertise, spawn_worker_processes, work
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+@click.command()
+@json_option
+def init(as_json: bool) -> None:
+    """Create or upgrade the database schema (alembic upgrade head)."""
+    _, store = settings_and_store()
+    migrate(store.engine)
+    position, _ = store.head()
+    emit({"schema": "current", "log_position": position}, as_json,
+         lambda r: f"schema is current; the log is at position {r['log_position']}")
+
+
+def _read_source(source: str) -> str:
+    if source == "-":
+        return sys.stdin.read()
+    try:
+        return Path(source).read_text(encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"cannot read {source}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{source} is not UTF-8 text") from None
+
+
+def _render_outcomes(outcomes: list[Outcome]) -> str:
+    lines = []
+    for outcome in outcomes:
+        summary = outcome.summary()
+        lines.append(f"{summary['command_id']}  {summary['outcome']}  "
+                     f"{', '.join(summary['reasons'])}")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.argument("source")
+@click.option("--wait", is_flag=True, help="Wait for the decisions and print them.")
+@click.option("--timeout", "timeout_seconds", default=60.0, show_default=True,
+              help="Seconds --wait waits before giving up (exit 3).")
+@json_option
+def submit(source: str, wait: bool, timeout_seconds: float, as_json: bool) -> None:
+    """Validate commands from SOURCE (a file or -; JSON Lines or a JSON array), record, enqueue.
+
+    Nothing is written unless every command is valid.
+    """
+    commands = parse_submission(_read_source(source))
+    settings, store = settings_and_store()
+    result = submit_commands(settings, store, commands)
+    report: dict[str, Any] = {"accepted": len(result.accepted_ids),
+                              "already_accepted": len(commands) - len(result.accepted_ids),
+                              "jobs": len(result.job_ids),
+                              "decided_in_process": result.ran_in_process}
+    if wait or result.ran_in_process:
+        ids = list(dict.fromkeys(c.command_id for c in commands))
+        outcomes = wait_for_decisions(store, ids, timeout_seconds)
+        report["decisions"] = [o.summary() for o in outcomes]
+        emit(report, as_json, lambda _: _render_outcomes(outcomes))
+        return
+    emit(report, as_json, lambda r: f"accepted {r['accepted']} command(s) "
+         f"({r['already_accepted']} already accepted) in {r['jobs']} job(s)")
+
+
+@click.command()
+@click.option("--burst", is_flag=True, help="Stop when the queues are empty.")
+@click.option("--queues", "queue_names", multiple=True, help="Queues to serve (repeatable).")
+@click.option("--processes", default=1, show_default=True, help="Worker processes to run.")
+def worker(burst: bool, queue_names: tuple[str, ...], processes: int) -> None:
+    """Run forking RQ workers on FLEET_REDIS_URL (embedded: drain in-process, then stop)."""
+    settings, store = settings_and_store()
+    queues = queue_names or settings.queues
+    reconcile_pending(settings, store)
+    url = redis_url_in_use(settings)
+    if url is None:
+        click.echo("embedded queue: decided every pending command in-process", err=True)
+        return
+    if processes > 1:
+        children = spawn_worker_processes(processes - 1, url, queues)
+        try:
+            work(connect(settings), queues, burst=burst, forking=True)
+        finally:
+            for child in children:
+                if burst:
+                    child.wait()
+                else:
+                    child.terminate()
+        return
+    work(connect(settings), queues, burst=burst, forking=True)
+
+
+@click.command()
+@click.option("--port", default=0, help="Loopback port for the embedded Redis (0: any free).")
+@click.option("--workers", "worker_count", default=2, show_default=True,
+              help="Forking worker processes to run.")
+def up(port: int, worker_count: int) -> None:
+    """Serve the embedded fake Redis on a loopback port plus workers, until interrupted."""
+    settings, store = settings_and_store()
+    with EmbeddedRedisServer(port) as server:
+        path = advertise(settings, server.url)
+        children = spawn_worker_processes(worker_count, server.url, settings.queues)
+        click.echo(f"serving the embedded Redis at {server.url} with {worker_count} worker(s); "
+                   f"`fleetctl submit` here reaches them (or export FLEET_REDIS_URL={server.url})")
+        stop = {"now": False}
+        signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+        try:
+            while not stop["now"] and all(child.poll() is None for child in children):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for child in children:
+                child.terminate()
+            for child in children:
+                child.wait(timeout=10)
+            if path is not None and path.exists():
+                path.unlink()
+
+
+@click.command()
+@json_option
+def reconcile(as_json: bool) -> None:
+    """Re-enqueue accepted commands that have no decision (e.g. after Redis lost its queue)."""
+    settings, store = settings_and_store()
+    result = reconcile_pending(settings, store)
+    emit({"re_enqueued": len(result.accepted_ids), "jobs": len(result.job_ids),
+          "decided_in_process": result.ran_in_process}, as_json,
+         lambda r: f"re-enqueued {r['re_enqueued']} undecided command(s) in {r['jobs']} job(s)")

@@ -1,0 +1,77 @@
+"""What every decision handler shares: its context and the shape of a decision event."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from controlplane.commands import CommandBase
+from controlplane.policy_book import PolicyBook, PolicyInForce
+from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
+from events.model import NewEvent, StreamAppend, derived_event_id
+from events.projections import StateView
+
+ACCEPTED = "CommandAccepted"
+REJECTED = "CommandRejected"
+INBOX_STREAM = "inbox"
+
+
+@dataclass(frozen=True)
+class DecisionContext:
+    """Everything a handler may read: state as of `read_position`, and the policies in force.
+
+    Live, the state is the appending transaction's; in replay, a fold of the log up to the same
+    position. Handlers cannot tell the two apart, which is what makes re-derivation exact.
+    """
+
+    state: StateView
+    read_position: int
+    stream_version: Callable[[str], int]
+    policies: PolicyBook
+    accepted_event_id: str | None
+
+
+def new_event(command: CommandBase, ctx: DecisionContext, slot: str, event_type: str,
+              data: dict[str, Any]) -> NewEvent:
+    """An event of `command`'s decision, with an id stable across re-handling."""
+    return NewEvent(
+        event_id=derived_event_id(command.command_id, slot),
+        event_type=event_type,
+        data=data,
+        occurred_at=command.occurred_at,
+        command_id=command.command_id,
+        causation_id=ctx.accepted_event_id,
+        correlation_id=command.correlation_id or command.command_id,
+        actor=command.actor,
+        tenant=command.tenant,
+    )
+
+
+def decision_data(*, outcome: str, reasons: tuple[Reason, ...] | list[Reason],
+                  result: dict[str, Any], policy: PolicyInForce | None, inputs: dict[str, Any],
+                  ctx: DecisionContext, causes: list[str] | None = None) -> dict[str, Any]:
+    """The recorded decision: outcome, reasons with facts, policy, inputs and read position."""
+    return {
+        "outcome": outcome,
+        "reasons": to_plain(list(reasons)),
+        "result": to_plain(result),
+        "policy": policy.as_dict() if policy is not None else None,
+        "inputs": to_plain(inputs),
+        "read_position": ctx.read_position,
+        "causes": causes or [],
+    }
+
+
+def append_to(stream_id: str, ctx: DecisionContext, *events: NewEvent) -> StreamAppend:
+    """Append `events` to `stream_id` at the version the handler read."""
+    return StreamAppend(stream_id, ctx.stream_version(stream_id), list(events))
+
+
+def rejection(command: CommandBase, ctx: DecisionContext, error: PolicyInputError,
+              stream_id: str) -> list[StreamAppend]:
+    """A valid-looking command the policy cannot decide: recorded so it is never retried."""
+    data = decision_data(outcome="rejected", reasons=[Reason(error.code, error.message,
+                                                             {"field": error.field})],
+                         result={}, policy=None, inputs=command.payload(), ctx=ctx)
+    return [append_to(stream_id, ctx, new_event(command, ctx, "rejected", REJECTED, data))]

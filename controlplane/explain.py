@@ -1,0 +1,58 @@
+"""Explanations: a decision, its reasons and inputs, and the chain of decisions that caused it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.errors import InputError
+from events.model import RecordedEvent
+from events.store import EventStore
+
+MAX_CHAIN = 50
+
+
+def _step(event: RecordedEvent) -> dict[str, Any]:
+    data = event.data
+    step: dict[str, Any] = {"position": event.position, "event_id": event.event_id,
+                            "event_type": event.event_type, "stream_id": event.stream_id,
+                            "command_id": event.command_id, "occurred_at": event.occurred_at}
+    if "outcome" in data:
+        step.update(outcome=data["outcome"], reasons=data["reasons"], result=data["result"],
+                    policy=data.get("policy"), inputs=data.get("inputs"),
+                    read_position=data.get("read_position"))
+    elif "command" in data:
+        step["command"] = data["command"]
+    return step
+
+
+def _resolve(store: EventStore, identifier: str) -> list[RecordedEvent]:
+    event = store.find_event(identifier)
+    if event is not None:
+        return [event]
+    events = [e for e in store.events_for_command(identifier) if e.event_type != "CommandAccepted"]
+    if events:
+        return events
+    raise InputError(f"no event or command with id {identifier!r}")
+
+
+def explain_id(store: EventStore, identifier: str) -> dict[str, Any]:
+    """The decision named by `identifier` and, following causation links, what led to it."""
+    decided = _resolve(store, identifier)
+    chain = [_step(e) for e in decided]
+    seen = {e.event_id for e in decided}
+    cause_ids = [e.causation_id for e in decided if e.causation_id]
+    for cause in decided[0].data.get("causes", []) if decided else []:
+        cause_ids.append(cause)
+    while cause_ids and len(chain) < MAX_CHAIN:
+        cause_id = cause_ids.pop(0)
+        if cause_id in seen:
+            continue
+        seen.add(cause_id)
+        cause = store.find_event(cause_id)
+        if cause is None:
+            continue
+        chain.append(_step(cause))
+        if cause.causation_id:
+            cause_ids.append(cause.causation_id)
+        cause_ids.extend(cause.data.get("causes", []))
+    return {"identifier": identifier, "chain": chain}

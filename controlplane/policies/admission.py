@@ -1,0 +1,334 @@
+"""Admission: reserve worst-case live tokens before work starts, queue boundedly, shed explicitly.
+
+The pool's state is an immutable value; `admit` and `release` are pure and return the decision(s)
+and the next state. `apply_decision` is the fold step: folding the recorded decisions (with the
+`now` they were made at) rebuilds exactly the state the policy returned, without re-deciding.
+
+Deliberate choices where the reference has quirks (spec §8):
+- A replay of a recorded id returns the request's current decision (its admission, or its later
+  promotion or release) and changes nothing; a replay with a different payload is `reject`ed.
+- A newcomer never overtakes the queue: while anyone is queued, it waits too (FIFO, so a large
+  queued request cannot be starved by a stream of small ones).
+- The queue estimate decides the deadline only for a request that would wait; one admitted now
+  only needs its deadline not to have passed already.
+- `release` promotes queued requests in FIFO order while the head fits; a head whose deadline has
+  passed is shed instead of promoted. A shed is permanent for the life of its record.
+- Settled records (shed, released) expire after `record_ttl_seconds`, and at most
+  `max_settled_records` are kept (oldest decided first out); an id whose record expired is judged
+  afresh. Live records (admitted, queued) never expire: they hold the reservation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from controlplane.policies.reasons import PolicyInputError, Reason, require
+
+
+class AdmissionAction(StrEnum):
+    ADMIT = "admit"
+    QUEUE = "queue"
+    SHED = "shed"
+    REJECT = "reject"
+    RELEASE = "release"
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    identifier: str
+    prompt_tokens: int
+    max_output_tokens: int
+    deadline_at_seconds: float
+
+    @property
+    def maximum_live_tokens(self) -> int:
+        return self.prompt_tokens + self.max_output_tokens
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    max_live_tokens: int
+    max_queued_requests: int
+    max_tokens_per_request: int
+    record_ttl_seconds: float = 3600.0
+    max_settled_records: int = 10_000
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    request_id: str
+    action: AdmissionAction
+    reserved_tokens: int
+    reasons: tuple[Reason, ...]
+
+
+@dataclass(frozen=True)
+class AdmissionRecord:
+    """A request and its current decision, made at `decided_at_seconds`."""
+
+    request: AdmissionRequest
+    decision: AdmissionDecision
+    decided_at_seconds: float
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """One pool's admission state; `live_tokens` equals the reservations of admitted records."""
+
+    live_tokens: int = 0
+    queue: tuple[str, ...] = ()
+    records: tuple[AdmissionRecord, ...] = ()
+
+    @property
+    def queued_requests(self) -> int:
+        return len(self.queue)
+
+
+_SETTLED = (AdmissionAction.SHED, AdmissionAction.RELEASE)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _validate_policy(policy: AdmissionPolicy) -> None:
+    for name in ("max_live_tokens", "max_tokens_per_request", "max_settled_records"):
+        value = getattr(policy, name)
+        require(_count(value) and value > 0, "admission_capacity_invalid", name,
+                f"{name} must be a positive integer")
+    require(_count(policy.max_queued_requests) and policy.max_queued_requests >= 0,
+            "admission_capacity_invalid", "max_queued_requests",
+            "max_queued_requests must be a non-negative integer")
+    ttl = policy.record_ttl_seconds
+    require(math.isfinite(ttl) and ttl > 0, "admission_capacity_invalid", "record_ttl_seconds",
+            "record_ttl_seconds must be positive and finite")
+
+
+def _validate_time(now: float, field: str = "now") -> None:
+    require(math.isfinite(now), "time_not_finite", field, f"{field} must be a finite time")
+
+
+def _validate_request(request: AdmissionRequest, estimated_queue_seconds: float) -> None:
+    require(bool(request.identifier.strip()), "request_id_required", "identifier",
+            "request identifier is required")
+    for name in ("prompt_tokens", "max_output_tokens"):
+        value = getattr(request, name)
+        require(_count(value) and value >= 0, "token_count_negative", name,
+                f"{name} must be a non-negative integer")
+    require(request.maximum_live_tokens > 0, "request_reserves_nothing", "max_output_tokens",
+            "a request must reserve at least one live token")
+    _validate_time(request.deadline_at_seconds, "deadline_at_seconds")
+    require(math.isfinite(estimated_queue_seconds) and estimated_queue_seconds >= 0,
+            "queue_estimate_invalid", "estimated_queue_seconds",
+            "the queue estimate must be finite and non-negative")
+
+
+def _find(state: PoolState, request_id: str, now: float,
+          policy: AdmissionPolicy) -> AdmissionRecord | None:
+    """The id's record, treating an expired settled record as already gone."""
+    for record in state.records:
+        if record.request.identifier == request_id:
+            expired = (record.decision.action in _SETTLED
+                       and record.decided_at_seconds + policy.record_ttl_seconds <= now)
+            return None if expired else record
+    return None
+
+
+def _expire(state: PoolState, now: float, policy: AdmissionPolicy) -> PoolState:
+    def alive(record: AdmissionRecord) -> bool:
+        return (record.decision.action not in _SETTLED
+                or record.decided_at_seconds + policy.record_ttl_seconds > now)
+
+    kept = [record for record in state.records if alive(record)]
+    settled = sorted((r for r in kept if r.decision.action in _SETTLED),
+                     key=lambda r: (r.decided_at_seconds, r.request.identifier))
+    excess = {id(r) for r in settled[:max(0, len(settled) - policy.max_settled_records)]}
+    return replace(state, records=tuple(r for r in kept if id(r) not in excess))
+
+
+def _shed(request: AdmissionRequest, code: str, message: str, retryable: bool,
+          facts: Mapping[str, object]) -> AdmissionDecision:
+    reason = Reason(code, message, {**facts, "retryable": retryable, "retry_with_new_id": True})
+    return AdmissionDecision(request.identifier, AdmissionAction.SHED, 0, (reason,))
+
+
+def decide_admission(state: PoolState, request: AdmissionRequest, now: float,
+                     estimated_queue_seconds: float, policy: AdmissionPolicy) -> AdmissionDecision:
+    """Judge a request against the state without changing it; replays answer from the record."""
+    _validate_policy(policy)
+    _validate_time(now)
+    _validate_request(request, estimated_queue_seconds)
+    record = _find(state, request.identifier, now, policy)
+    if record is not None:
+        if record.request == request:
+            return record.decision
+        reason = Reason("replay_payload_mismatch",
+                        "this request id was already decided for a different payload",
+                        {"recorded_action": record.decision.action.value,
+                         "recorded_at_seconds": record.decided_at_seconds})
+        return AdmissionDecision(request.identifier, AdmissionAction.REJECT, 0, (reason,))
+    tokens = request.maximum_live_tokens
+    facts: dict[str, object] = {
+        "request_tokens": tokens, "live_tokens": state.live_tokens,
+        "max_live_tokens": policy.max_live_tokens, "queued_requests": state.queued_requests,
+        "max_queued_requests": policy.max_queued_requests, "now_seconds": now,
+        "deadline_at_seconds": request.deadline_at_seconds}
+    if tokens > policy.max_tokens_per_request:
+        return _shed(request, "token_bound_exceeded", "request token bound exceeds policy", False,
+                     {**facts, "max_tokens_per_request": policy.max_tokens_per_request})
+    fits_now = not state.queue and state.live_tokens + tokens <= policy.max_live_tokens
+    if fits_now:
+        if now > request.deadline_at_seconds:
+            return _shed(request, "deadline_already_passed", "the deadline has already passed",
+                         False, facts)
+        reason = Reason("live_tokens_reserved", "worst-case live-token reservation fits",
+                        {**facts, "live_tokens_after": state.live_tokens + tokens})
+        return AdmissionDecision(request.identifier, AdmissionAction.ADMIT, tokens, (reason,))
+    predicted_start = now + estimated_queue_seconds
+    if predicted_start > request.deadline_at_seconds:
+        return _shed(request, "predicted_wait_misses_deadline",
+                     "predicted queue wait misses the request deadline", True,
+                     {**facts, "estimated_queue_seconds": estimated_queue_seconds,
+                      "predicted_start_seconds": predicted_start})
+    if state.queued_requests < policy.max_queued_requests:
+        reason = Reason("queued_for_live_tokens",
+                        "live-token budget full or queue non-empty; bounded queue slot reserved",
+                        {**facts, "queue_position": state.queued_requests,
+                         "estimated_queue_seconds": estimated_queue_seconds})
+        return AdmissionDecision(request.identifier, AdmissionAction.QUEUE, 0, (reason,))
+    return _shed(request, "live_budget_and_queue_full",
+                 "live-token budget and bounded queue are full", True, facts)
+
+
+def apply_decision(state: PoolState, decision: AdmissionDecision, now: float,
+                   policy: AdmissionPolicy, request: AdmissionRequest | None = None) -> PoolState:
+    """Fold one recorded decision into the state; a replay or a rejection changes nothing."""
+    if decision.action is AdmissionAction.REJECT:
+        return state
+    record = _find(state, decision.request_id, now, policy)
+    if record is not None and record.decision == decision:
+        return state
+    state = _expire(state, now, policy)
+    queue, live = state.queue, state.live_tokens
+    if record is None:
+        require(request is not None and request.identifier == decision.request_id
+                and decision.action in (AdmissionAction.ADMIT, AdmissionAction.QUEUE,
+                                        AdmissionAction.SHED),
+                "decision_does_not_apply", "decision", "a new record needs its request")
+        assert request is not None
+        live += decision.reserved_tokens
+        queue += (request.identifier,) if decision.action is AdmissionAction.QUEUE else ()
+        new = AdmissionRecord(request, decision, now)
+    else:
+        was, becomes = record.decision.action, decision.action
+        allowed = {AdmissionAction.QUEUE: (AdmissionAction.ADMIT, AdmissionAction.SHED,
+                                           AdmissionAction.RELEASE),
+                   AdmissionAction.ADMIT: (AdmissionAction.RELEASE,)}
+        require(becomes in allowed.get(was, ()),
+                "decision_does_not_apply", "decision",
+                f"a {becomes.value} decision cannot follow {was.value}")
+        if was is AdmissionAction.QUEUE:
+            queue = tuple(rid for rid in queue if rid != decision.request_id)
+        live += decision.reserved_tokens - record.decision.reserved_tokens
+        new = AdmissionRecord(record.request, decision, now)
+    others = tuple(r for r in state.records if r.request.identifier != decision.request_id)
+    return _expire(PoolState(live, queue, (*others, new)), now, policy)
+
+
+def admit(state: PoolState, request: AdmissionRequest, now: float,
+          estimated_queue_seconds: float,
+          policy: AdmissionPolicy) -> tuple[AdmissionDecision, PoolState]:
+    """Decide and record a request; only admit and queue change counters, a replay changes none."""
+    decision = decide_admission(state, request, now, estimated_queue_seconds, policy)
+    return decision, apply_decision(state, decision, now, policy, request)
+
+
+def _promotions(state: PoolState, now: float,
+                policy: AdmissionPolicy) -> list[AdmissionDecision]:
+    decisions: list[AdmissionDecision] = []
+    live = state.live_tokens
+    records = {r.request.identifier: r for r in state.records}
+    for request_id in state.queue:
+        queued = records[request_id]
+        tokens = queued.request.maximum_live_tokens
+        facts = {"now_seconds": now, "queued_at_seconds": queued.decided_at_seconds,
+                 "deadline_at_seconds": queued.request.deadline_at_seconds,
+                 "request_tokens": tokens, "live_tokens": live,
+                 "max_live_tokens": policy.max_live_tokens}
+        if now > queued.request.deadline_at_seconds:
+            decisions.append(_shed(queued.request, "deadline_passed_in_queue",
+                                   "the deadline passed while the request was queued", True,
+                                   facts))
+            continue
+        if live + tokens > policy.max_live_tokens:
+            break
+        live += tokens
+        reason = Reason("promoted_from_queue", "freed live tokens admit the head of the queue",
+                        {**facts, "live_tokens_after": live,
+                         "waited_seconds": now - queued.decided_at_seconds})
+        decisions.append(AdmissionDecision(request_id, AdmissionAction.ADMIT, tokens, (reason,)))
+    return decisions
+
+
+def release(state: PoolState, request_id: str, now: float,
+            policy: AdmissionPolicy) -> tuple[tuple[AdmissionDecision, ...], PoolState]:
+    """Return a request's tokens or queue slot, then promote the queue in FIFO order while it fits.
+
+    The first decision is the release; promotions and queue expiries follow in queue order.
+    Releasing a shed id raises `shed_is_permanent`; releasing twice returns the recorded release.
+    """
+    _validate_policy(policy)
+    _validate_time(now)
+    record = _find(state, request_id, now, policy)
+    if record is None:
+        raise PolicyInputError("unknown_request_id", "request_id",
+                               f"no live admission record for request {request_id!r}")
+    if record.decision.action is AdmissionAction.SHED:
+        raise PolicyInputError("shed_is_permanent", "request_id",
+                               f"request {request_id!r} was shed; a shed is permanent")
+    if record.decision.action is AdmissionAction.RELEASE:
+        return (record.decision,), state
+    was_admitted = record.decision.action is AdmissionAction.ADMIT
+    freed = record.decision.reserved_tokens
+    reason = Reason("reservation_released" if was_admitted else "queued_request_withdrawn",
+                    "live-token reservation returned" if was_admitted else "queue slot returned",
+                    {"freed_tokens": freed, "live_tokens": state.live_tokens,
+                     "live_tokens_after": state.live_tokens - freed, "now_seconds": now})
+    released = AdmissionDecision(request_id, AdmissionAction.RELEASE, 0, (reason,))
+    state = apply_decision(state, released, now, policy)
+    decisions = [released, *_promotions(state, now, policy)]
+    for decision in decisions[1:]:
+        state = apply_decision(state, decision, now, policy)
+    return tuple(decisions), state
+
+
+class AdmissionController:
+    """A convenience holder of one pool's state; every method delegates to the pure functions."""
+
+    def __init__(self, policy: AdmissionPolicy, state: PoolState | None = None) -> None:
+        _validate_policy(policy)
+        self.policy = policy
+        self.state = state if state is not None else PoolState()
+
+    @property
+    def live_tokens(self) -> int:
+        return self.state.live_tokens
+
+    @property
+    def queued_requests(self) -> int:
+        return self.state.queued_requests
+
+    def decide(self, request: AdmissionRequest, *, now: float,
+               estimated_queue_seconds: float) -> AdmissionDecision:
+        """Admit, queue, shed or reject `request`, keeping the new state."""
+        decision, self.state = admit(self.state, request, now, estimated_queue_seconds,
+                                     self.policy)
+        return decision
+
+    def release(self, request_id: str, *, now: float) -> tuple[AdmissionDecision, ...]:
+        """Release `request_id` and promote what now fits, keeping the new state."""
+        decisions, self.state = release(self.state, request_id, now, self.policy)
+        return decisions

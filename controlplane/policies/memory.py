@@ -1,0 +1,214 @@
+"""Memory fit: weights plus KV cache plus runtime overhead against usable GPU memory (spec §1.1).
+
+Beyond the spec's per-head KV formula this module also sizes multi-head latent attention (MLA,
+DeepSeek), pipeline stages, and a declared effective KV window; every addition defaults to the
+spec's behaviour, so the spec's figures come out unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from controlplane.policies.reasons import Reason, require
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """The memory-relevant architecture of a model.
+
+    `kv_latent_dim` > 0 selects latent KV (MLA): each layer caches that many elements per token,
+    shared by all heads, so `kv_heads` and `head_dim` do not size the cache.
+    """
+
+    parameters: int
+    weight_bits: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    kv_element_bytes: int = 2
+    kv_latent_dim: int = 0
+
+
+@dataclass(frozen=True)
+class DeploymentMemory:
+    """How one replica is laid out on its GPUs and what it must hold.
+
+    `kv_window_tokens`, when declared, caps the tokens each request keeps in the KV cache (an
+    effective sliding window); `pipeline_parallel_size` splits layers, so weights and KV per GPU
+    are those of the largest stage.
+    """
+
+    gpu_memory_gib: float
+    tensor_parallel_size: int
+    kv_shards: int
+    max_live_tokens_per_request: int
+    target_concurrency: int
+    runtime_overhead_gib: float
+    usable_fraction: float = 0.90
+    pipeline_parallel_size: int = 1
+    kv_window_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class MemoryAssessment:
+    fits: bool
+    weight_gib_per_gpu: float
+    kv_gib_per_gpu: float
+    overhead_gib_per_gpu: float
+    required_gib_per_gpu: float
+    usable_gib_per_gpu: float
+    max_concurrency: int
+    kv_bytes_per_token: int
+    reasons: tuple[Reason, ...]
+    kv_bytes_per_token_per_gpu: float = 0.0
+    kv_tokens_per_request: int = 0
+    kv_capacity_tokens: int = 0
+
+
+def kv_bytes_per_token(model: ModelMemory) -> int:
+    """Bytes cached per token across all layers: 2 (K and V) x heads x head_dim, or the latent."""
+    return model.layers * _kv_bytes_per_token_per_layer(model)
+
+
+def _kv_bytes_per_token_per_layer(model: ModelMemory) -> int:
+    if model.kv_latent_dim > 0:
+        return model.kv_latent_dim * model.kv_element_bytes
+    return 2 * model.kv_heads * model.head_dim * model.kv_element_bytes
+
+
+def kv_shards_under_tensor_parallel(kv_heads: int, tensor_parallel_size: int,
+                                    latent: bool = False) -> int:
+    """How many ways TP splits the KV cache: gcd(kv_heads, tp), or 1 for latent (MLA) KV.
+
+    When tp <= kv_heads and divides it, each GPU holds kv_heads / tp heads; when tp > kv_heads
+    each KV head is replicated so every GPU still holds one, i.e. per-GPU KV heads =
+    max(1, kv_heads / tp). The gcd gives exactly that where the runtime accepts the layout and
+    errs on the replicated (larger) side where it does not. MLA's latent is never split by TP.
+    """
+    require(isinstance(kv_heads, int) and kv_heads > 0, "model_field_not_positive", "kv_heads",
+            "kv_heads must be a positive integer")
+    require(isinstance(tensor_parallel_size, int) and tensor_parallel_size > 0,
+            "deployment_field_not_positive", "tensor_parallel_size",
+            "tensor_parallel_size must be a positive integer")
+    return 1 if latent else math.gcd(kv_heads, tensor_parallel_size)
+
+
+def effective_window_tokens(layers: int, windowed_layers: int, live_tokens: int,
+                            window_tokens: int) -> int:
+    """Tokens per request the cache holds averaged over layers, rounded up, when only
+    `windowed_layers` of `layers` are capped at `window_tokens` (Gemma-2 slides on every other
+    layer); never more than `live_tokens` and never fewer than the window allows."""
+    for name, value in (("layers", layers), ("live_tokens", live_tokens),
+                        ("window_tokens", window_tokens)):
+        require(_is_count(value) and value > 0, "window_field_not_positive", name,
+                f"{name} must be a positive integer")
+    require(_is_count(windowed_layers) and 0 <= windowed_layers <= layers,
+            "windowed_layers_out_of_range", "windowed_layers",
+            "windowed_layers must be between 0 and the number of layers")
+    capped = min(live_tokens, window_tokens)
+    total = (layers - windowed_layers) * live_tokens + windowed_layers * capped
+    return -(-total // layers)
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _validate(model: ModelMemory, deployment: DeploymentMemory) -> None:
+    for name in ("parameters", "weight_bits", "layers", "kv_heads", "head_dim", "kv_element_bytes"):
+        value = getattr(model, name)
+        require(_is_count(value), "model_field_not_integer", name,
+                f"model {name} must be an integer")
+        require(value > 0, "model_field_not_positive", name, f"model {name} must be positive")
+    require(_is_count(model.kv_latent_dim) and model.kv_latent_dim >= 0,
+            "model_field_negative", "kv_latent_dim", "kv_latent_dim must be a non-negative integer")
+    for name in ("gpu_memory_gib", "tensor_parallel_size", "kv_shards",
+                 "max_live_tokens_per_request", "target_concurrency"):
+        value = getattr(deployment, name)
+        require(isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value) and value > 0, "deployment_field_not_positive", name,
+                f"deployment {name} must be positive")
+        if name != "gpu_memory_gib":
+            require(_is_count(value), "deployment_field_not_integer", name,
+                    f"deployment {name} must be an integer")
+    overhead = deployment.runtime_overhead_gib
+    require(math.isfinite(overhead) and overhead >= 0, "runtime_overhead_negative",
+            "runtime_overhead_gib", "runtime overhead may not be negative")
+    fraction = deployment.usable_fraction
+    require(0 < fraction <= 1, "usable_fraction_out_of_range", "usable_fraction",
+            "usable_fraction must be in (0, 1]")
+    stages = deployment.pipeline_parallel_size
+    require(_is_count(stages) and stages > 0, "deployment_field_not_positive",
+            "pipeline_parallel_size", "pipeline_parallel_size must be a positive integer")
+    require(stages <= model.layers, "pipeline_stages_exceed_layers", "pipeline_parallel_size",
+            f"{stages} pipeline stages cannot split {model.layers} layers")
+    window = deployment.kv_window_tokens
+    require(window is None or (_is_count(window) and window > 0), "deployment_field_not_positive",
+            "kv_window_tokens", "kv_window_tokens must be a positive integer when declared")
+
+
+def assess_memory(model: ModelMemory, deployment: DeploymentMemory) -> MemoryAssessment:
+    """Decide whether `target_concurrency` full-length requests fit; fit is inclusive."""
+    _validate(model, deployment)
+    stages = deployment.pipeline_parallel_size
+    weight_gib = (model.parameters * model.weight_bits / 8 / deployment.tensor_parallel_size
+                  / stages / GIB)
+    per_token = kv_bytes_per_token(model)
+    # The largest pipeline stage bounds the per-GPU KV; with one stage this is `per_token`.
+    stage_layers = -(-model.layers // stages)
+    per_token_per_gpu = _kv_bytes_per_token_per_layer(model) * stage_layers / deployment.kv_shards
+    cached_tokens = deployment.max_live_tokens_per_request
+    if deployment.kv_window_tokens is not None:
+        cached_tokens = min(cached_tokens, deployment.kv_window_tokens)
+    kv_gib_per_request = per_token_per_gpu / GIB * cached_tokens
+    usable_gib = deployment.gpu_memory_gib * deployment.usable_fraction
+    fixed_gib = weight_gib + deployment.runtime_overhead_gib
+    available_gib = max(0.0, usable_gib - fixed_gib)
+    max_concurrency = int(available_gib // kv_gib_per_request)
+    capacity_tokens = int(available_gib * GIB // per_token_per_gpu)
+    kv_gib = kv_gib_per_request * deployment.target_concurrency
+    required_gib = fixed_gib + kv_gib
+    fits = required_gib <= usable_gib
+    facts = {
+        "weight_gib_per_gpu": weight_gib,
+        "kv_gib_per_gpu": kv_gib,
+        "overhead_gib_per_gpu": deployment.runtime_overhead_gib,
+        "required_gib_per_gpu": required_gib,
+        "usable_gib_per_gpu": usable_gib,
+        "target_concurrency": deployment.target_concurrency,
+        "max_concurrency": max_concurrency,
+        "kv_capacity_tokens": capacity_tokens,
+    }
+    reasons: list[Reason] = []
+    if fits:
+        reasons.append(Reason("fits_with_headroom",
+                              f"fits with {usable_gib - required_gib:.2f} GiB headroom per GPU",
+                              {**facts, "headroom_gib_per_gpu": usable_gib - required_gib}))
+    else:
+        reasons.append(Reason("exceeds_usable_memory",
+                              f"requires {required_gib - usable_gib:.2f} GiB more per GPU",
+                              {**facts, "shortfall_gib_per_gpu": required_gib - usable_gib}))
+        if fixed_gib > usable_gib:
+            # Distinguishes "the weights alone do not fit" from "the KV for this load does not".
+            reasons.append(Reason("no_memory_left_for_kv_cache",
+                                  f"weights and overhead alone need {fixed_gib:.2f} of "
+                                  f"{usable_gib:.2f} usable GiB per GPU",
+                                  {"fixed_gib_per_gpu": fixed_gib,
+                                   "usable_gib_per_gpu": usable_gib}))
+    return MemoryAssessment(
+        fits=fits,
+        weight_gib_per_gpu=weight_gib,
+        kv_gib_per_gpu=kv_gib,
+        overhead_gib_per_gpu=deployment.runtime_overhead_gib,
+        required_gib_per_gpu=required_gib,
+        usable_gib_per_gpu=usable_gib,
+        max_concurrency=max_concurrency,
+        kv_bytes_per_token=per_token,
+        reasons=tuple(reasons),
+        kv_bytes_per_token_per_gpu=per_token_per_gpu,
+        kv_tokens_per_request=cached_tokens,
+        kv_capacity_tokens=capacity_tokens,
+    )

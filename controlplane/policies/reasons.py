@@ -1,0 +1,65 @@
+"""The vocabulary every policy decision shares: reasons, typed input errors, plain output."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import Enum
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a decision came out as it did.
+
+    `code` is a stable snake_case identifier that tests and automation match on; `message` is
+    for people and may change; `facts` are the JSON-safe numbers and names that decided it.
+    """
+
+    code: str
+    message: str
+    facts: Mapping[str, Any] = field(default_factory=dict)
+
+
+class PolicyInputError(ValueError):
+    """An input a policy cannot decide on; `code` is stable and `field` names the bad input."""
+
+    def __init__(self, code: str, field: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.field = field
+        self.message = message
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code, "field": self.field, "message": self.message}
+
+
+def require(condition: bool, code: str, field: str, message: str) -> None:
+    """Raise `PolicyInputError(code, field, message)` unless `condition` holds."""
+    if not condition:
+        raise PolicyInputError(code, field, message)
+
+
+def to_plain(value: Any) -> Any:
+    """Convert a decision (dataclasses, enums, tuples, mappings) to JSON-safe plain data.
+
+    Guarantee: the result contains only dict, list, str, int, float, bool and None, and never a
+    NaN or an infinity (a non-finite float raises ValueError instead of leaking into the log).
+    """
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Enum):
+        return to_plain(value.value)
+    if isinstance(value, Mapping):
+        return {str(key): to_plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, frozenset, set)):
+        items = [to_plain(item) for item in value]
+        if isinstance(value, (frozenset, set)):
+            items.sort(key=repr)
+        return items
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"non-finite number {value!r} in a decision")
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"{type(value).__name__} is not plain decision data")

@@ -1,0 +1,181 @@
+"""Replay: rebuild projections from the log, and re-derive recorded decisions.
+
+Rebuilding folds stored facts and never calls a policy. Re-deriving calls the handler on
+purpose, against the state folded up to just before the decision, and compares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from controlplane.commands import parse_command
+from controlplane.decisions import ACCEPTED, DecisionContext
+from controlplane.handlers import HANDLERS
+from controlplane.policy_book import PolicyBook
+from controlplane.state.fold import apply_event
+from events.model import RecordedEvent
+from events.projections import MemoryProjections, drop_all, load_all
+from events.store import EventStore
+
+ProgressFn = Callable[[int], None]
+
+
+def fold(events: Iterator[RecordedEvent], progress: ProgressFn | None = None) \
+        -> MemoryProjections:
+    """Fold events into fresh in-memory projections."""
+    state = MemoryProjections()
+    for count, event in enumerate(events, 1):
+        apply_event(state, event)
+        if progress is not None and count % 10_000 == 0:
+            progress(count)
+    return state
+
+
+def state_at(store: EventStore, position: int | None = None) -> MemoryProjections:
+    """The fleet state as of `position` (the whole log when None)."""
+    return fold(store.read_all(to_position=position))
+
+
+def diff_tables(live: dict[str, dict[str, Any]], rebuilt: dict[str, dict[str, Any]],
+                limit: int = 20) -> list[dict[str, Any]]:
+    """Rows that differ between two projection snapshots, at most `limit` of them."""
+    differences = []
+    for name in sorted(set(live) | set(rebuilt)):
+        left, right = live.get(name, {}), rebuilt.get(name, {})
+        for key in sorted(set(left) | set(right)):
+            if left.get(key) != right.get(key):
+                differences.append({"projection": name, "key": key, "live": left.get(key),
+                                    "rebuilt": right.get(key)})
+                if len(differences) >= limit:
+                    return differences
+    return differences
+
+
+def compare_with_live(store: EventStore) -> list[dict[str, Any]]:
+    """Rebuild every projection in memory and list where the live tables differ."""
+    with store.engine.connect() as conn:
+        live = load_all(conn)
+    return diff_tables(live, fold(store.read_all()).snapshot())
+
+
+def rebuild_live(store: EventStore) -> int:
+    """Drop the live projections and write them again from the log; returns events folded."""
+    with store.transaction() as tx:
+        drop_all(tx.connection)
+        count = 0
+        for event in store.read_all(to_position=tx.head_position):
+            apply_event(tx.projections, event)
+            count += 1
+    return count
+
+
+@dataclass
+class Drift:
+    """A decision whose re-derivation differs from what was recorded."""
+
+    command_id: str
+    position: int
+    event_type: str
+    recorded: dict[str, Any]
+    rederived: dict[str, Any]
+    changed_fields: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"command_id": self.command_id, "position": self.position,
+                "event_type": self.event_type, "changed_fields": self.changed_fields,
+                "recorded": self.recorded, "rederived": self.rederived}
+
+
+@dataclass
+class VerifyReport:
+    decisions_checked: int = 0
+    drifts: list[Drift] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.drifts
+
+
+def _comparable(events: list[dict[str, Any]], what_if: bool) -> list[dict[str, Any]]:
+    # Under a what-if the policy block differs by construction; compare what was decided.
+    if not what_if:
+        return events
+    return [{**e, "data": {k: v for k, v in e["data"].items() if k != "policy"}} for e in events]
+
+
+def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
+                     to_position: int | None = None,
+                     progress: ProgressFn | None = None) -> VerifyReport:
+    """Re-derive every decision from its command and the state just before it; list drifts."""
+    policies = policies or PolicyBook()
+    what_if = bool(policies.overrides)
+    state = MemoryProjections()
+    versions: dict[str, int] = {}
+    commands: dict[str, tuple[dict[str, Any], str]] = {}
+    report = VerifyReport()
+    group: list[RecordedEvent] = []
+
+    def settle() -> None:
+        if group:
+            _check(group, commands, state, versions, policies, what_if, report)
+            for event in group:
+                _fold_one(state, versions, event)
+            group.clear()
+
+    for count, event in enumerate(store.read_all(to_position=to_position), 1):
+        if group and event.command_id != group[0].command_id:
+            settle()
+        if event.event_type == ACCEPTED:
+            settle()
+            commands[event.data["command"]["command_id"]] = (event.data["command"],
+                                                               event.event_id)
+            _fold_one(state, versions, event)
+        elif event.command_id is not None and event.command_id in commands:
+            group.append(event)
+        else:
+            settle()
+            _fold_one(state, versions, event)
+        if progress is not None and count % 10_000 == 0:
+            progress(count)
+    settle()
+    return report
+
+
+def _fold_one(state: MemoryProjections, versions: dict[str, int], event: RecordedEvent) -> None:
+    versions[event.stream_id] = event.stream_version
+    apply_event(state, event)
+
+
+def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any], str]],
+           state: MemoryProjections, versions: dict[str, int], policies: PolicyBook,
+           what_if: bool, report: VerifyReport) -> None:
+    first = group[0]
+    payload, accepted_id = commands.pop(first.command_id or "")
+    command = parse_command(payload)
+    context = DecisionContext(state, first.position - 1, lambda s: versions.get(s, 0), policies,
+                              accepted_id)
+    appends = HANDLERS[payload["type"]](command, context)
+    rederived = [{"stream_id": a.stream_id, "event_type": e.event_type, "data": e.data}
+                 for a in appends for e in a.events]
+    recorded = [{"stream_id": e.stream_id, "event_type": e.event_type, "data": e.data}
+                for e in group]
+    report.decisions_checked += 1
+    left, right = _comparable(recorded, what_if), _comparable(rederived, what_if)
+    if left != right:
+        changed = sorted({key for a, b in zip(left, right, strict=False)
+                          for key in set(a["data"]) | set(b["data"])
+                          if a["data"].get(key) != b["data"].get(key)})
+        if len(left) != len(right):
+            changed.append("event_count")
+        report.drifts.append(Drift(first.command_id or "", first.position, first.event_type,
+                                   _summary(recorded), _summary(rederived), changed))
+
+
+def _summary(events: list[dict[str, Any]]) -> dict[str, Any]:
+    decision = next((e["data"] for e in events if "outcome" in e["data"]), {})
+    return {"outcome": decision.get("outcome"),
+            "reasons": [r["code"] for r in decision.get("reasons", [])],
+            "result": decision.get("result"),
+            "events": [f"{e['event_type']}@{e['stream_id']}" for e in events]}

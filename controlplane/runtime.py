@@ -1,0 +1,36 @@
+"""Process-wide wiring: the settings and the event store this process uses."""
+
+from __future__ import annotations
+
+import os
+
+from sqlalchemy.exc import SQLAlchemyError
+
+from controlplane.errors import OperationalError
+from controlplane.settings import Settings
+from events.database import ensure_schema, make_engine
+from events.store import EventStore
+
+_stores: dict[tuple[int, str], EventStore] = {}
+
+
+def open_store(database_url: str, migrate: bool = True) -> EventStore:
+    """An event store on `database_url`, schema brought up to date unless told otherwise."""
+    engine = make_engine(database_url)
+    if migrate:
+        try:
+            ensure_schema(engine)
+        except SQLAlchemyError as error:
+            raise OperationalError(
+                f"cannot open the database: {error.__class__.__name__}: {error.orig}"
+                if hasattr(error, "orig") else f"cannot open the database: {error}") from None
+    return EventStore(engine)
+
+
+def store_for_process(settings: Settings | None = None) -> EventStore:
+    """The store for this process; a forked child builds its own, never sharing sockets."""
+    settings = settings or Settings.from_env()
+    key = (os.getpid(), settings.database_url)
+    if key not in _stores:
+        _stores[key] = open_store(settings.database_url)
+    return _stores[key]

@@ -1,0 +1,137 @@
+"""The application service: accept commands into the inbox, decide them exactly once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from sqlalchemy import select
+
+from controlplane.commands import CommandBase, parse_command
+from controlplane.decisions import ACCEPTED, INBOX_STREAM, DecisionContext
+from controlplane.handlers import HANDLERS
+from controlplane.policy_book import PolicyBook
+from controlplane.state.fold import PENDING, apply_event
+from events.model import (
+    ConcurrencyConflict,
+    NewEvent,
+    RecordedEvent,
+    StreamAppend,
+    derived_event_id,
+)
+from events.projections import SqlProjections
+from events.store import EventStore, LogTransaction
+from events.tables import events_table
+
+log = structlog.get_logger(__name__)
+MAX_CONFLICT_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What happened to one command: its decision events, and whether this call made them."""
+
+    command_id: str
+    decided_now: bool
+    events: tuple[RecordedEvent, ...]
+
+    def summary(self) -> dict[str, Any]:
+        decision = next((e for e in self.events if "outcome" in e.data), None)
+        return {
+            "command_id": self.command_id,
+            "outcome": decision.data["outcome"] if decision else None,
+            "reasons": [r["code"] for r in decision.data["reasons"]] if decision else [],
+            "event_ids": [e.event_id for e in self.events],
+            "positions": [e.position for e in self.events],
+        }
+
+
+def accepted_event_id(command_id: str) -> str:
+    return derived_event_id(command_id, "accepted")
+
+
+def accept(store: EventStore, commands: Sequence[CommandBase]) -> list[str]:
+    """Record `commands` in the inbox in one transaction; return the ids newly accepted.
+
+    A command id already in the inbox is skipped, so submitting the same file twice accepts
+    each command once.
+    """
+    with store.transaction() as tx:
+        known = _stored_event_ids(tx, [accepted_event_id(c.command_id) for c in commands])
+        fresh, seen = [], set()
+        for command in commands:
+            event_id = accepted_event_id(command.command_id)
+            if event_id in known or command.command_id in seen:
+                continue
+            seen.add(command.command_id)
+            fresh.append(command)
+        events = [NewEvent(event_id=accepted_event_id(c.command_id), event_type=ACCEPTED,
+                           data={"command": c.payload()}, occurred_at=c.occurred_at,
+                           command_id=c.command_id,
+                           correlation_id=c.correlation_id or c.command_id,
+                           actor=c.actor, tenant=c.tenant) for c in fresh]
+        for event in tx.append([StreamAppend(INBOX_STREAM, None, events)]):
+            apply_event(tx.projections, event)
+    return [c.command_id for c in fresh]
+
+
+def _stored_event_ids(tx: LogTransaction, event_ids: list[str]) -> set[str]:
+    found: set[str] = set()
+    for start in range(0, len(event_ids), 500):
+        query = select(events_table.c.event_id).where(
+            events_table.c.event_id.in_(event_ids[start:start + 500]))
+        found.update(tx.connection.execute(query).scalars())
+    return found
+
+
+def decide(store: EventStore, command_ids: Sequence[str],
+           policies: PolicyBook | None = None) -> list[Outcome]:
+    """Decide each command once, in one transaction holding the append lock.
+
+    A command already decided is not decided again: its recorded events are returned, so a job
+    delivered twice appends nothing. Unknown ids are skipped with a warning.
+    """
+    policies = policies or PolicyBook()
+    for attempt in range(MAX_CONFLICT_RETRIES):
+        try:
+            with store.transaction() as tx:
+                return _decide_in(tx, list(dict.fromkeys(command_ids)), policies)
+        except ConcurrencyConflict as conflict:
+            log.warning("decision_conflict_retry", attempt=attempt, stream_id=conflict.stream_id)
+    raise RuntimeError(f"gave up after {MAX_CONFLICT_RETRIES} version conflicts")
+
+
+def _decide_in(tx: LogTransaction, command_ids: list[str], policies: PolicyBook) -> list[Outcome]:
+    outcomes = []
+    by_command = tx.events_for_commands(command_ids)
+    for command_id in command_ids:
+        recorded = by_command[command_id]
+        accepted = next((e for e in recorded if e.event_type == ACCEPTED), None)
+        decided = [e for e in recorded if e.event_type != ACCEPTED]
+        if accepted is None:
+            log.warning("unknown_command_skipped", command_id=command_id)
+            continue
+        if decided:
+            log.info("command_already_decided", command_id=command_id)
+            outcomes.append(Outcome(command_id, False, tuple(decided)))
+            continue
+        command = parse_command(accepted.data["command"])
+        context = DecisionContext(tx.projections, tx.head_position, tx.stream_version, policies,
+                                  accepted.event_id)
+        appended = tx.append(HANDLERS[command.type](command, context))  # type: ignore[attr-defined]
+        for event in appended:
+            apply_event(tx.projections, event)
+        log.info("command_decided", command_id=command_id,
+                 event_ids=[e.event_id for e in appended])
+        outcomes.append(Outcome(command_id, True, tuple(appended)))
+    return outcomes
+
+
+def pending_command_ids(store: EventStore) -> list[str]:
+    """Accepted commands that have no decision yet, in acceptance order."""
+    with store.engine.connect() as conn:
+        rows = list(SqlProjections(conn).items(PENDING))
+    rows.sort(key=lambda item: item[1]["accepted_position"])
+    return [command_id for command_id, _ in rows]

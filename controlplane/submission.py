@@ -1,0 +1,75 @@
+"""Parse and validate a submission (JSON Lines or a JSON array): all of it, or none of it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from controlplane.commands import CommandBase, command_adapter
+from controlplane.errors import FieldProblem, InputError, SubmissionRejected
+
+MAX_SUBMISSION_BYTES = 256 * 1024 * 1024
+MAX_LINE_BYTES = 1024 * 1024
+MAX_COMMANDS = 1_000_000
+MAX_PROBLEMS_LISTED = 50
+
+
+def _field_name(location: tuple[Any, ...]) -> str:
+    # The discriminator tag pydantic inserts ("AssessMemory") is not a field the user wrote.
+    parts = [str(part) for part in location]
+    if len(parts) > 1 and parts[0][:1].isupper():
+        parts = parts[1:]
+    return ".".join(parts) or "(command)"
+
+
+def _validate(item: Any, line: int, problems: list[FieldProblem]) -> CommandBase | None:
+    if not isinstance(item, dict):
+        problems.append(FieldProblem(line, "(command)", "a command must be a JSON object"))
+        return None
+    if "type" not in item:
+        problems.append(FieldProblem(line, "type", "missing: every command names its type"))
+        return None
+    try:
+        return command_adapter.validate_python(item)
+    except ValidationError as error:
+        for detail in error.errors(include_url=False):
+            field = "type" if detail["type"] == "union_tag_invalid" else _field_name(detail["loc"])
+            problems.append(FieldProblem(line, field, detail["msg"]))
+        return None
+
+
+def parse_submission(text: str) -> list[CommandBase]:
+    """Every command in `text`, validated; raises SubmissionRejected listing each bad line."""
+    if len(text.encode("utf-8", errors="replace")) > MAX_SUBMISSION_BYTES:
+        raise InputError(f"submission is larger than {MAX_SUBMISSION_BYTES} bytes")
+    stripped = text.lstrip()
+    problems: list[FieldProblem] = []
+    items: list[tuple[int, Any]] = []
+    if stripped.startswith("["):
+        try:
+            array = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise SubmissionRejected([FieldProblem(error.lineno, "(json)", error.msg)]) from None
+        items = [(index + 1, item) for index, item in enumerate(array)]
+    else:
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            if len(line) > MAX_LINE_BYTES:
+                problems.append(FieldProblem(number, "(line)", f"longer than {MAX_LINE_BYTES} bytes"))
+                continue
+            try:
+                items.append((number, json.loads(line)))
+            except json.JSONDecodeError as error:
+                problems.append(FieldProblem(number, "(json)", f"not JSON: {error.msg}"))
+    if len(items) > MAX_COMMANDS:
+        raise InputError(f"submission holds {len(items)} commands; the limit is {MAX_COMMANDS}")
+    commands = [command for line, item in items
+                if (command := _validate(item, line, problems)) is not None]
+    if problems:
+        raise SubmissionRejected(problems[:MAX_PROBLEMS_LISTED])
+    if not commands:
+        raise InputError("the submission holds no commands")
+    return commands

@@ -1,0 +1,84 @@
+"""The one place that builds database engines and brings the schema to the newest migration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import Connection
+
+MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Any constant works; every process that migrates PostgreSQL takes the same advisory lock.
+PG_MIGRATION_LOCK_KEY = 7_214_553_901
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url`; on SQLite with WAL, a busy timeout and `BEGIN IMMEDIATE` for writers.
+
+    Write transactions are opened with `connection.execution_options(fleet_write=True)`; on
+    SQLite they take the database's write lock at BEGIN, so a transaction that reads and then
+    appends can never be overtaken between its read and its write.
+    """
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        _configure_sqlite(engine)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Autocommit at the driver level: we issue BEGIN ourselves, with the right lock mode.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        writing = connection.get_execution_options().get("fleet_write", False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if writing else "BEGIN")
+
+
+def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", url)
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def schema_is_current(engine: Engine) -> bool:
+    """True when the database is at the newest migration."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision() == head
+
+
+def migrate(engine: Engine) -> None:
+    """Upgrade the schema to the newest migration; safe to call from many processes at once."""
+    with engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
+        if not is_sqlite(engine):
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PG_MIGRATION_LOCK_KEY})
+        command.upgrade(alembic_config(connection=conn), "head")
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Migrate only when needed, so the CLI initialises a fresh database by itself."""
+    if not schema_is_current(engine):
+        migrate(engine)

@@ -1,0 +1,89 @@
+"""The event envelope and the typed errors of the log."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Event ids derived from a command id are stable, so handling a command twice yields the same ids.
+EVENT_NAMESPACE = uuid.UUID("6f1c2a4e-9d3b-4c8e-a1f0-2b7d5e9c3a10")
+
+
+def derived_event_id(command_id: str, slot: str) -> str:
+    """A UUID that depends only on the command id and the event's slot in its decision."""
+    return str(uuid.uuid5(EVENT_NAMESPACE, f"{command_id}/{slot}"))
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to append; the store assigns its position, stream version and hashes."""
+
+    event_id: str
+    event_type: str
+    data: dict[str, Any]
+    occurred_at: str
+    schema_version: int = 1
+    command_id: str | None = None
+    causation_id: str | None = None
+    correlation_id: str | None = None
+    actor: str = "system"
+    tenant: str = "default"
+
+
+@dataclass(frozen=True)
+class StreamAppend:
+    """Events for one stream, appended only if the stream is at `expected_version`.
+
+    `expected_version=None` appends at the end whatever the version (used by the inbox).
+    """
+
+    stream_id: str
+    expected_version: int | None
+    events: Sequence[NewEvent] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class RecordedEvent:
+    """An event as stored in the log."""
+
+    position: int
+    stream_id: str
+    stream_version: int
+    event_id: str
+    event_type: str
+    schema_version: int
+    data: dict[str, Any]
+    command_id: str | None
+    causation_id: str | None
+    correlation_id: str | None
+    actor: str
+    tenant: str
+    occurred_at: str
+    recorded_at: str
+    prev_hash: str
+    hash: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+class LogError(Exception):
+    """Base of the log's typed errors."""
+
+
+class ConcurrencyConflict(LogError):
+    """A stream was not at the version an append expected; reload and decide again."""
+
+    def __init__(self, stream_id: str, expected_version: int | None, actual_version: int) -> None:
+        super().__init__(
+            f"stream {stream_id!r} is at version {actual_version}, expected {expected_version}"
+        )
+        self.stream_id = stream_id
+        self.expected_version = expected_version
+        self.actual_version = actual_version
+
+
+class DuplicateEventError(LogError):
+    """An event id already stored elsewhere, or a batch that only partly overlaps the log."""

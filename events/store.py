@@ -1,0 +1,230 @@
+"""The audited event store: atomic multi-stream appends, gap-free positions, a hash chain."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.engine import Connection, RowMapping
+
+from events.canonical import canonical_json, chain_hash
+from events.database import is_sqlite
+from events.model import (
+    ConcurrencyConflict,
+    DuplicateEventError,
+    NewEvent,
+    RecordedEvent,
+    StreamAppend,
+)
+from events.projections import SqlProjections
+from events.tables import events_table, log_head_table
+
+HEADER_FIELDS = (
+    "position", "stream_id", "stream_version", "event_id", "event_type", "schema_version",
+    "command_id", "causation_id", "correlation_id", "actor", "tenant", "occurred_at",
+    "recorded_at",
+)
+READ_CHUNK = 2_000
+
+
+def header_of(row: dict[str, Any] | RowMapping) -> dict[str, Any]:
+    """The hashed envelope fields of a stored row (everything but data and the hashes)."""
+    return {name: row[name] for name in HEADER_FIELDS}
+
+
+def to_recorded(row: RowMapping | dict[str, Any]) -> RecordedEvent:
+    values = dict(row)
+    values["data"] = json.loads(values["data"])
+    return RecordedEvent(**values)
+
+
+def events_by_command(connection: Connection, command_ids: Sequence[str]) \
+        -> dict[str, list[RecordedEvent]]:
+    grouped: dict[str, list[RecordedEvent]] = {command_id: [] for command_id in command_ids}
+    ids = list(grouped)
+    for start in range(0, len(ids), 500):
+        query = (select(events_table)
+                 .where(events_table.c.command_id.in_(ids[start:start + 500]))
+                 .order_by(events_table.c.position))
+        for row in connection.execute(query).mappings():
+            grouped[row["command_id"]].append(to_recorded(row))
+    return grouped
+
+
+class LogTransaction:
+    """A write transaction that holds the log's append lock from its first statement.
+
+    Everything read through it (streams, projections) is exactly the log before the positions it
+    appends, which is what makes a recorded decision re-derivable.
+    """
+
+    def __init__(self, connection: Connection, head_position: int, head_hash: str) -> None:
+        self.connection = connection
+        self.head_position = head_position
+        self.head_hash = head_hash
+        self.projections = SqlProjections(connection)
+        self._versions: dict[str, int] = {}
+        self.appended: list[RecordedEvent] = []
+
+    def stream_version(self, stream_id: str) -> int:
+        """The stream's current version, 0 for a stream with no events."""
+        if stream_id not in self._versions:
+            query = select(func.max(events_table.c.stream_version)).where(
+                events_table.c.stream_id == stream_id)
+            self._versions[stream_id] = self.connection.execute(query).scalar() or 0
+        return self._versions[stream_id]
+
+    def events_for_commands(self, command_ids: Sequence[str]) -> dict[str, list[RecordedEvent]]:
+        """Every event of each command, grouped by command id, in position order."""
+        return events_by_command(self.connection, command_ids)
+
+    def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
+        """Append to every stream at its expected version, all or nothing.
+
+        Re-appending events already stored at the same streams and versions returns the
+        original records and writes nothing. A stale expected version raises
+        `ConcurrencyConflict`; an event id stored elsewhere, or a batch that only partly
+        overlaps the log, raises `DuplicateEventError`.
+        """
+        existing = self._existing(appends)
+        if existing is not None:
+            return existing
+        rows: list[dict[str, Any]] = []
+        recorded_at = datetime.now(UTC).isoformat(timespec="microseconds")
+        position, prev_hash = self.head_position, self.head_hash
+        for batch in appends:
+            version = self.stream_version(batch.stream_id)
+            if batch.expected_version is not None and batch.expected_version != version:
+                raise ConcurrencyConflict(batch.stream_id, batch.expected_version, version)
+            for new in batch.events:
+                position += 1
+                version += 1
+                row = _row_for(new, batch.stream_id, version, position, recorded_at)
+                row["prev_hash"] = prev_hash
+                row["hash"] = prev_hash = chain_hash(prev_hash, header_of(row), row["data"])
+                rows.append(row)
+            self._versions[batch.stream_id] = version
+        if not rows:
+            return []
+        self.connection.execute(events_table.insert(), rows)
+        self.connection.execute(update(log_head_table).where(log_head_table.c.id == 1)
+                                .values(position=position, hash=prev_hash))
+        self.head_position, self.head_hash = position, prev_hash
+        recorded = [to_recorded(row) for row in rows]
+        self.appended.extend(recorded)
+        return recorded
+
+    def _existing(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent] | None:
+        wanted = [(b.stream_id, b.expected_version, i, e) for b in appends
+                  for i, e in enumerate(b.events)]
+        ids = [entry[3].event_id for entry in wanted]
+        if not ids:
+            return None
+        found: dict[str, RecordedEvent] = {}
+        for start in range(0, len(ids), 500):
+            query = select(events_table).where(events_table.c.event_id.in_(ids[start:start + 500]))
+            for row in self.connection.execute(query).mappings():
+                found[row["event_id"]] = to_recorded(row)
+        if not found:
+            return None
+        if len(found) != len(ids):
+            raise DuplicateEventError("the batch partly overlaps events already in the log")
+        result = []
+        for stream_id, expected, index, new in wanted:
+            stored = found[new.event_id]
+            same_place = (stored.stream_id == stream_id and expected is not None
+                          and stored.stream_version == expected + index + 1)
+            if not same_place and expected is not None:
+                raise DuplicateEventError(
+                    f"event {new.event_id} is already stored at {stored.stream_id}"
+                    f"@{stored.stream_version}")
+            result.append(stored)
+        return result
+
+
+def _row_for(new: NewEvent, stream_id: str, version: int, position: int,
+             recorded_at: str) -> dict[str, Any]:
+    return {
+        "position": position, "stream_id": stream_id, "stream_version": version,
+        "event_id": new.event_id, "event_type": new.event_type,
+        "schema_version": new.schema_version, "data": canonical_json(new.data),
+        "command_id": new.command_id, "causation_id": new.causation_id,
+        "correlation_id": new.correlation_id, "actor": new.actor, "tenant": new.tenant,
+        "occurred_at": new.occurred_at, "recorded_at": recorded_at,
+    }
+
+
+class EventStore:
+    """Append and read the log. Concurrency is enforced by the database, never in Python."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    @contextmanager
+    def transaction(self) -> Iterator[LogTransaction]:
+        """A write transaction holding the append lock; commits on success, else rolls back."""
+        with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
+            query = select(log_head_table.c.position, log_head_table.c.hash).where(
+                log_head_table.c.id == 1)
+            if not is_sqlite(self.engine):
+                query = query.with_for_update()
+            head = conn.execute(query).one()
+            tx = LogTransaction(conn, head.position, head.hash)
+            yield tx
+            tx.projections.flush()
+
+    def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
+        """Atomically append to one or several streams (see `LogTransaction.append`)."""
+        with self.transaction() as tx:
+            return tx.append(appends)
+
+    def head(self) -> tuple[int, str]:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(log_head_table.c.position, log_head_table.c.hash)).one()
+            return int(row.position), str(row.hash)
+
+    def read_stream(self, stream_id: str, from_version: int = 0) -> list[RecordedEvent]:
+        """The stream's events after `from_version`, in version order."""
+        query = (select(events_table).where(events_table.c.stream_id == stream_id,
+                                            events_table.c.stream_version > from_version)
+                 .order_by(events_table.c.stream_version))
+        with self.engine.connect() as conn:
+            return [to_recorded(row) for row in conn.execute(query).mappings()]
+
+    def read_all(self, from_position: int = 0, to_position: int | None = None,
+                 raw: bool = False) -> Iterator[Any]:
+        """Events after `from_position` up to `to_position`, in position order, read in chunks.
+
+        With `raw=True` yields the stored row mappings (data as its stored JSON text).
+        """
+        last = from_position
+        while True:
+            query = select(events_table).where(events_table.c.position > last)
+            if to_position is not None:
+                query = query.where(events_table.c.position <= to_position)
+            query = query.order_by(events_table.c.position).limit(READ_CHUNK)
+            with self.engine.connect() as conn:
+                rows = list(conn.execute(query).mappings())
+            if not rows:
+                return
+            for row in rows:
+                yield dict(row) if raw else to_recorded(row)
+            last = rows[-1]["position"]
+
+    def events_for_command(self, command_id: str) -> list[RecordedEvent]:
+        return self.events_for_commands([command_id]).get(command_id, [])
+
+    def events_for_commands(self, command_ids: Sequence[str]) -> dict[str, list[RecordedEvent]]:
+        """Every event of each command, grouped by command id, in position order."""
+        with self.engine.connect() as conn:
+            return events_by_command(conn, command_ids)
+
+    def find_event(self, event_id: str) -> RecordedEvent | None:
+        query = select(events_table).where(events_table.c.event_id == event_id)
+        with self.engine.connect() as conn:
+            row = conn.execute(query).mappings().first()
+        return to_recorded(row) if row is not None else None

@@ -1,0 +1,105 @@
+"""Shared fixtures: a fresh log on SQLite and (when configured) PostgreSQL; fake and real Redis.
+
+With FLEET_TEST_DATABASE_URL / FLEET_TEST_REDIS_URL set, the real-server variants run and FAIL
+(never skip) when the server is unreachable. Each test gets its own empty database or Redis db.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+from redis import Redis
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from controlplane.runtime import open_store
+from events.store import EventStore
+
+PG_URL = os.environ.get("FLEET_TEST_DATABASE_URL")
+REDIS_URL = os.environ.get("FLEET_TEST_REDIS_URL")
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[str]:
+    """A database of our own on the test server, created for this session and dropped after."""
+    if not PG_URL:
+        pytest.skip("FLEET_TEST_DATABASE_URL is not set")
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
+    name = f"fleet_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with admin.connect() as conn:  # fails loudly if the server is unreachable
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    open_store(url).engine.dispose()
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _reset_postgres(url: str) -> None:
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE events, projections"))
+        conn.execute(text("UPDATE log_head SET position = 0, hash = :h"), {"h": "0" * 64})
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: object,
+                 monkeypatch: pytest.MonkeyPatch) -> str:
+    """An empty, migrated log; also exported as FLEET_DATABASE_URL for workers and the CLI."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/fleet.db"
+    else:
+        url = request.getfixturevalue("postgres_database")
+        _reset_postgres(url)
+    monkeypatch.setenv("FLEET_DATABASE_URL", url)
+    return url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"sqlite:///{tmp_path}/fleet.db"
+    monkeypatch.setenv("FLEET_DATABASE_URL", url)
+    return url
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[EventStore]:
+    event_store = open_store(database_url)
+    yield event_store
+    event_store.engine.dispose()
+
+
+@pytest.fixture
+def real_redis(monkeypatch: pytest.MonkeyPatch) -> Iterator[Redis]:
+    """The real test Redis (its own db index), flushed before and after; exported for workers."""
+    if not REDIS_URL:
+        pytest.skip("FLEET_TEST_REDIS_URL is not set")
+    connection = Redis.from_url(REDIS_URL)
+    connection.ping()  # fails loudly if the server is unreachable
+    connection.flushdb()
+    monkeypatch.setenv("FLEET_REDIS_URL", REDIS_URL)
+    yield connection
+    connection.flushdb()
+    connection.close()
+
+
+@pytest.fixture(params=["fakeredis", "redis"])
+def queue_redis(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Redis:
+    """A queue connection: a private fake Redis, or the real one."""
+    if request.param == "fakeredis":
+        monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+        return fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    return request.getfixturevalue("real_redis")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_logs() -> None:
+    from controlplane.logging import configure_logging
+
+    configure_logging("WARNING")

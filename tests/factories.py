@@ -1,0 +1,34 @@
+"""Builders of valid commands and events for tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from events.model import NewEvent, derived_event_id
+
+
+def assess_memory(command_id: str, *, parameters: int = 8_000_000_000, layers: int = 32,
+                  gpu_memory_gib: float = 40.0, max_live_tokens: int = 4_096,
+                  concurrency: int = 8, usable_fraction: float | None = None,
+                  model_name: str | None = None) -> dict[str, Any]:
+    deployment: dict[str, Any] = {
+        "gpu_memory_gib": gpu_memory_gib, "tensor_parallel_size": 1, "kv_shards": 1,
+        "max_live_tokens_per_request": max_live_tokens, "target_concurrency": concurrency,
+        "runtime_overhead_gib": 4.0,
+    }
+    if usable_fraction is not None:
+        deployment["usable_fraction"] = usable_fraction
+    return {
+        "type": "AssessMemory", "command_id": command_id,
+        "at": "2026-11-30T12:00:00Z",
+        "model_name": model_name or f"model-{command_id}",
+        "model": {"parameters": parameters, "weight_bits": 16, "layers": layers,
+                  "kv_heads": 8, "head_dim": 128},
+        "deployment": deployment,
+    }
+
+
+def event(slot: str, data: dict[str, Any] | None = None, command_id: str = "cmd") -> NewEvent:
+    return NewEvent(event_id=derived_event_id(command_id, slot), event_type="Tested",
+                    data=data if data is not None else {"slot": slot},
+                    occurred_at="2026-11-30T12:00:00Z", command_id=command_id)

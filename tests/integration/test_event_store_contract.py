@@ -1,0 +1,124 @@
+"""The event-store contract, run on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import func, select, text
+
+from events.model import ConcurrencyConflict, DuplicateEventError, StreamAppend
+from events.store import EventStore
+from events.tables import events_table
+from tests.factories import event
+
+
+def count_events(store: EventStore) -> int:
+    with store.engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(events_table)).scalar() or 0)
+
+
+def test_append_at_a_stale_version_raises_a_conflict(store: EventStore) -> None:
+    store.append([StreamAppend("node/a", 0, [event("1"), event("2")])])
+    with pytest.raises(ConcurrencyConflict) as raised:
+        store.append([StreamAppend("node/a", 1, [event("3")])])
+    assert raised.value.actual_version == 2
+    assert count_events(store) == 2
+
+
+def test_a_multi_stream_append_commits_to_all_streams_or_none(store: EventStore) -> None:
+    store.append([StreamAppend("node/b", 0, [event("b1")])])
+    with pytest.raises(ConcurrencyConflict):
+        store.append([StreamAppend("node/a", 0, [event("a1")]),
+                      StreamAppend("node/b", 0, [event("b2")])])
+    assert store.read_stream("node/a") == []
+    recorded = store.append([StreamAppend("node/a", 0, [event("a1")]),
+                             StreamAppend("node/b", 1, [event("b2")])])
+    assert [(e.stream_id, e.stream_version, e.position) for e in recorded] == [
+        ("node/a", 1, 2), ("node/b", 2, 3)]
+
+
+def test_reappending_the_same_events_returns_the_original_positions_and_writes_nothing(
+        store: EventStore) -> None:
+    batch = [StreamAppend("replica/r1", 0, [event("x"), event("y")])]
+    first = store.append(batch)
+    head_before = store.head()
+    again = store.append(batch)
+    assert [e.position for e in again] == [e.position for e in first] == [1, 2]
+    assert store.head() == head_before
+    assert count_events(store) == 2
+
+
+def test_the_same_event_id_at_another_version_is_an_error(store: EventStore) -> None:
+    store.append([StreamAppend("pool/p", 0, [event("x")])])
+    store.append([StreamAppend("pool/p", 1, [event("y")])])
+    with pytest.raises(DuplicateEventError):
+        store.append([StreamAppend("pool/p", 1, [event("x")])])
+    with pytest.raises(DuplicateEventError):
+        store.append([StreamAppend("pool/q", 0, [event("x")])])
+    assert count_events(store) == 2
+
+
+def test_a_batch_that_partly_overlaps_the_log_is_an_error(store: EventStore) -> None:
+    store.append([StreamAppend("pool/p", 0, [event("x")])])
+    with pytest.raises(DuplicateEventError):
+        store.append([StreamAppend("pool/p", 0, [event("x"), event("new")])])
+    assert count_events(store) == 1
+
+
+def test_concurrent_appenders_leave_a_gap_free_order_in_commit_order(store: EventStore) -> None:
+    per_thread = 1_000
+    errors: list[BaseException] = []
+
+    def appender(name: str) -> None:
+        try:
+            for index in range(per_thread):
+                store.append([StreamAppend(f"thread/{name}", None,
+                                           [event(f"{name}-{index}", {"i": index},
+                                                  command_id=name)])])
+        except BaseException as error:  # surfaced below; a thread cannot fail the test itself
+            errors.append(error)
+
+    threads = [threading.Thread(target=appender, args=(name,)) for name in ("left", "right")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    rows = list(store.read_all())
+    assert [e.position for e in rows] == list(range(1, 2 * per_thread + 1))
+    for name in ("left", "right"):
+        mine = [e.data["i"] for e in rows if e.stream_id == f"thread/{name}"]
+        assert mine == list(range(per_thread)), "a thread's events appear out of commit order"
+        versions = [e.stream_version for e in rows if e.stream_id == f"thread/{name}"]
+        assert versions == list(range(1, per_thread + 1))
+
+
+def test_reads_by_stream_and_from_a_position(store: EventStore) -> None:
+    store.append([StreamAppend("s/1", 0, [event("a"), event("b")]),
+                  StreamAppend("s/2", 0, [event("c")])])
+    store.append([StreamAppend("s/1", 2, [event("d")])])
+    assert [e.data["slot"] for e in store.read_stream("s/1")] == ["a", "b", "d"]
+    assert [e.data["slot"] for e in store.read_stream("s/1", from_version=2)] == ["d"]
+    assert [e.position for e in store.read_all(from_position=2)] == [3, 4]
+    assert [e.position for e in store.read_all(from_position=1, to_position=3)] == [2, 3]
+
+
+def test_a_failed_transaction_leaves_no_gap_in_positions(store: EventStore) -> None:
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        tx.append([StreamAppend("s/1", 0, [event("lost")])])
+        raise RuntimeError("handler crashed after appending")
+    store.append([StreamAppend("s/1", 0, [event("kept")])])
+    assert [(e.position, e.data["slot"]) for e in store.read_all()] == [(1, "kept")]
+
+
+def test_the_database_refuses_a_duplicate_stream_version(store: EventStore) -> None:
+    """Uniqueness is the database's job, not only the store's check."""
+    store.append([StreamAppend("s/1", 0, [event("a")])])
+    with store.engine.connect() as conn, pytest.raises(Exception) as raised:
+        conn.execute(text(
+            "INSERT INTO events (position, stream_id, stream_version, event_id, event_type, "
+            "schema_version, data, actor, tenant, occurred_at, recorded_at, prev_hash, hash) "
+            "VALUES (99, 's/1', 1, 'other-id', 'T', 1, '{}', 'a', 't', 'x', 'x', 'h', 'h')"))
+        conn.commit()
+    assert "unique" in str(raised.value).lower()

@@ -1,0 +1,96 @@
+"""The queue path on fakeredis and on a real Redis: every command decided exactly once."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections import Counter
+
+import pytest
+from redis import Redis
+
+from controlplane.commands import command_adapter
+from controlplane.decisions import ACCEPTED
+from controlplane.service import accept, pending_command_ids
+from controlplane.settings import Settings
+from events.store import EventStore
+from tests.factories import assess_memory
+from workers.queue import command_queue, enqueue_commands
+from workers.runner import work
+
+
+def commands(count: int, prefix: str = "c") -> list:
+    return [command_adapter.validate_python(assess_memory(f"{prefix}{i:05d}", layers=1 + i % 64))
+            for i in range(count)]
+
+
+def decision_counts(store: EventStore) -> Counter[str]:
+    return Counter(e.command_id for e in store.read_all()
+                   if e.event_type != ACCEPTED and e.command_id)
+
+
+def run_workers(connection: Redis) -> None:
+    # A forking worker needs a real Redis; the fake lives in this process's memory.
+    forking = not connection.__class__.__module__.startswith("fakeredis")
+    work(connection, ["fleet-commands"], burst=True, forking=forking)
+
+
+@pytest.mark.slow
+def test_a_thousand_commands_are_each_decided_exactly_once(
+        store: EventStore, queue_redis: Redis) -> None:
+    batch = commands(1_000)
+    accepted = accept(store, batch)
+    assert len(accepted) == 1_000
+    job_ids = enqueue_commands(queue_redis, Settings(batch_size=100), accepted)
+    assert len(job_ids) == 10
+    run_workers(queue_redis)
+    counts = decision_counts(store)
+    assert len(counts) == 1_000 and set(counts.values()) == {1}
+    assert pending_command_ids(store) == []
+
+
+def test_the_same_job_delivered_twice_appends_nothing(store: EventStore, queue_redis: Redis) -> None:
+    accepted = accept(store, commands(20))
+    settings = Settings(batch_size=20)
+    enqueue_commands(queue_redis, settings, accepted)
+    run_workers(queue_redis)
+    head = store.head()
+    # Deliver the very same job again (same job id, same command ids).
+    enqueue_commands(queue_redis, settings, accepted)
+    assert command_queue(queue_redis).count == 1
+    run_workers(queue_redis)
+    assert store.head() == head
+    assert set(decision_counts(store).values()) == {1}
+
+
+def test_submitting_the_same_commands_twice_accepts_each_once(store: EventStore) -> None:
+    batch = commands(5)
+    assert len(accept(store, batch)) == 5
+    assert accept(store, batch) == []
+    assert sum(1 for e in store.read_all() if e.event_type == ACCEPTED) == 5
+
+
+def test_reconcile_decides_every_command_after_the_queue_is_lost(
+        store: EventStore, queue_redis: Redis) -> None:
+    accepted = accept(store, commands(200))
+    enqueue_commands(queue_redis, Settings(batch_size=50), accepted)
+    queue_redis.flushdb()  # Redis lost everything after submission
+    assert command_queue(queue_redis).count == 0
+    assert len(pending_command_ids(store)) == 200
+    enqueue_commands(queue_redis, Settings(batch_size=50), pending_command_ids(store))
+    run_workers(queue_redis)
+    counts = decision_counts(store)
+    assert len(counts) == 200 and set(counts.values()) == {1}
+
+
+def test_jobs_carry_ids_only_and_are_serialized_as_json(store: EventStore,
+                                                        queue_redis: Redis) -> None:
+    accepted = accept(store, commands(3))
+    enqueue_commands(queue_redis, Settings(batch_size=10), accepted)
+    job = command_queue(queue_redis).jobs[0]
+    assert job.args == (accepted,) or list(job.args) == [accepted]
+    raw = queue_redis.hget(f"rq:job:{job.id}", "data")
+    assert raw is not None
+    func_name, _instance, args, _kwargs = json.loads(zlib.decompress(raw))  # JSON, not a pickle
+    assert func_name == "workers.jobs.decide_commands" and args == [accepted]
+    assert job.timeout and job.result_ttl and job.failure_ttl and job.retries_left == 3

@@ -1,0 +1,82 @@
+"""Bad input is refused with the line and field named, and nothing is written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controlplane.errors import InputError, SubmissionRejected
+from controlplane.submission import parse_submission
+from tests.factories import assess_memory
+
+
+def lines(*commands: object) -> str:
+    return "\n".join(c if isinstance(c, str) else json.dumps(c) for c in commands)
+
+
+def problems_of(text: str) -> list[tuple[int, str]]:
+    with pytest.raises(SubmissionRejected) as raised:
+        parse_submission(text)
+    return [(p.line, p.field) for p in raised.value.problems]
+
+
+def test_valid_json_lines_and_json_arrays_parse_alike() -> None:
+    first, second = assess_memory("a"), assess_memory("b")
+    from_lines = parse_submission(lines(first, second))
+    from_array = parse_submission(json.dumps([first, second]))
+    assert [c.payload() for c in from_lines] == [c.payload() for c in from_array]
+
+
+def test_one_malformed_line_among_valid_ones_names_its_line_and_field() -> None:
+    bad = assess_memory("b")
+    bad["deployment"]["target_concurrency"] = "eight"
+    assert problems_of(lines(assess_memory("a"), bad, assess_memory("c"))) == [
+        (2, "deployment.target_concurrency")]
+
+
+def test_a_line_that_is_not_json_is_named() -> None:
+    assert problems_of(lines(assess_memory("a"), "{not json")) == [(2, "(json)")]
+
+
+def test_unknown_fields_are_refused() -> None:
+    bad = assess_memory("a")
+    bad["model"]["experts"] = 8
+    assert problems_of(lines(bad)) == [(1, "model.experts")]
+
+
+def test_unknown_command_types_are_refused() -> None:
+    assert problems_of(lines({"type": "LaunchMissiles", "command_id": "x"}))[0][1] == "type"
+
+
+@pytest.mark.parametrize("field,value", [
+    ("parameters", -5), ("layers", 0), ("head_dim", 1.5), ("kv_heads", True),
+    ("parameters", 10**30),
+])
+def test_negative_fractional_boolean_and_absurd_model_sizes_are_refused(
+        field: str, value: object) -> None:
+    bad = assess_memory("a")
+    bad["model"][field] = value
+    assert problems_of(lines(bad)) == [(1, f"model.{field}")]
+
+
+@pytest.mark.parametrize("token", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers_are_refused(token: str) -> None:
+    text = json.dumps(assess_memory("a")).replace('"gpu_memory_gib": 40.0',
+                                                   f'"gpu_memory_gib": {token}')
+    assert problems_of(text) == [(1, "deployment.gpu_memory_gib")]
+
+
+def test_oversized_strings_are_refused() -> None:
+    bad = assess_memory("a", model_name="m" * 500)
+    assert problems_of(lines(bad)) == [(1, "model_name")]
+
+
+def test_a_usable_fraction_above_one_is_refused() -> None:
+    assert problems_of(lines(assess_memory("a", usable_fraction=1.5))) == [
+        (1, "deployment.usable_fraction")]
+
+
+def test_an_empty_submission_is_refused() -> None:
+    with pytest.raises(InputError):
+        parse_submission("\n\n")

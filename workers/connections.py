@@ -1,0 +1,59 @@
+"""The one place that builds Redis connections: a real server by URL, or the embedded fake."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import fakeredis
+from redis import Redis
+
+from controlplane.errors import OperationalError
+from controlplane.settings import Settings
+
+
+@lru_cache(maxsize=1)
+def embedded_server() -> fakeredis.FakeServer:
+    """The process's embedded fake Redis server, shared by every embedded connection."""
+    return fakeredis.FakeServer()
+
+
+def advertised_up_url(settings: Settings) -> str | None:
+    """The loopback URL of a running `fleetctl up` for this database, if one answers."""
+    path = settings.up_file
+    if path is None or not path.exists():
+        return None
+    try:
+        url = str(json.loads(path.read_text())["redis_url"])
+        Redis.from_url(url, socket_connect_timeout=0.5).ping()
+    except (OSError, ValueError, KeyError, Exception):
+        return None
+    return url
+
+
+def redis_url_in_use(settings: Settings) -> str | None:
+    """`FLEET_REDIS_URL`, else a running `fleetctl up`, else None for the in-process fake."""
+    return settings.redis_url or advertised_up_url(settings)
+
+
+def connect(settings: Settings) -> Redis:
+    """A Redis connection for the queue; raises OperationalError when a real one is unreachable."""
+    url = redis_url_in_use(settings)
+    if url is None:
+        return fakeredis.FakeRedis(server=embedded_server())
+    connection = Redis.from_url(url, socket_connect_timeout=5)
+    try:
+        connection.ping()
+    except Exception as error:  # redis raises several unrelated types for "unreachable"
+        raise OperationalError(f"Redis at {_redact(url)} is unreachable: {error}") from None
+    return connection
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, so no secret reaches a log line or an error."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    credentials, host = rest.rsplit("@", 1)
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user + ':***@' if user else '***@'}{host}"
