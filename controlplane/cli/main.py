@@ -10,6 +10,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.cli.demo import demo
+from controlplane.cli.fit import fit
 from controlplane.cli.inspect_cmds import explain, log_command, status, verify
 from controlplane.cli.output import fail
 from controlplane.cli.queue_cmds import init, reconcile, submit, up, worker
@@ -25,7 +26,7 @@ def cli(log_level: str | None) -> None:
     configure_logging(log_level)
 
 
-for command in (demo, init, submit, worker, up, reconcile, status, log_command, explain, verify, replay):
+for command in (demo, fit, init, submit, worker, up, reconcile, status, log_command, explain, verify, replay):
     cli.add_command(command)
 
 
