@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from controlplane.commands import CommandBase
-from controlplane.policy_book import PolicyBook, PolicyInForce
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
+from controlplane.policy_book import PolicyBook, PolicyInForce
 from events.model import NewEvent, StreamAppend, derived_event_id
 from events.projections import StateView
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from controlplane.commands import parse_command
 from controlplane.decisions import ACCEPTED, DecisionContext
-from controlplane.handlers import HANDLERS
+from controlplane.handlers import HANDLERS, OBSERVATIONS
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import apply_event
 from events.model import RecordedEvent
@@ -132,7 +132,8 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
             commands[event.data["command"]["command_id"]] = (event.data["command"],
                                                                event.event_id)
             _fold_one(state, versions, event)
-        elif event.command_id is not None and event.command_id in commands:
+        elif (event.command_id is not None and event.command_id in commands
+              and event.event_type not in OBSERVATIONS):
             group.append(event)
         else:
             settle()

@@ -11,9 +11,10 @@ from sqlalchemy import select
 
 from controlplane.commands import CommandBase, parse_command
 from controlplane.decisions import ACCEPTED, INBOX_STREAM, DecisionContext
-from controlplane.handlers import HANDLERS
+from controlplane.errors import FieldProblem, SubmissionRejected
+from controlplane.handlers import EFFECTS, HANDLERS, PRECHECKS
 from controlplane.policy_book import PolicyBook
-from controlplane.state.fold import PENDING, apply_event
+from controlplane.state.fold import ENTITY, PENDING, apply_event
 from events.model import (
     ConcurrencyConflict,
     NewEvent,
@@ -52,29 +53,60 @@ def accepted_event_id(command_id: str) -> str:
     return derived_event_id(command_id, "accepted")
 
 
-def accept(store: EventStore, commands: Sequence[CommandBase]) -> list[str]:
+def accept(store: EventStore, commands: Sequence[CommandBase],
+           lines: Sequence[int] | None = None) -> list[str]:
     """Record `commands` in the inbox in one transaction; return the ids newly accepted.
 
     A command id already in the inbox is skipped, so submitting the same file twice accepts
-    each command once.
+    each command once. Every command's references (a node, pool, replica…) must name something
+    the fleet has, or that an earlier command of this submission or an undecided one creates;
+    otherwise `SubmissionRejected` lists each problem and nothing is written.
     """
     with store.transaction() as tx:
         known = _stored_event_ids(tx, [accepted_event_id(c.command_id) for c in commands])
         fresh, seen = [], set()
-        for command in commands:
+        fresh_lines = []
+        for index, command in enumerate(commands):
             event_id = accepted_event_id(command.command_id)
             if event_id in known or command.command_id in seen:
                 continue
             seen.add(command.command_id)
             fresh.append(command)
+            fresh_lines.append(lines[index] if lines is not None else index + 1)
+        problems = precheck(tx, fresh, fresh_lines)
+        if problems:
+            raise SubmissionRejected(problems)
         events = [NewEvent(event_id=accepted_event_id(c.command_id), event_type=ACCEPTED,
-                           data={"command": c.payload()}, occurred_at=c.occurred_at,
+                           data={"command": c.payload(), "creates": c.creates()},
+                           occurred_at=c.occurred_at,
                            command_id=c.command_id,
                            correlation_id=c.correlation_id or c.command_id,
                            actor=c.actor, tenant=c.tenant) for c in fresh]
+        if not events:
+            return []
         for event in tx.append([StreamAppend(INBOX_STREAM, None, events)]):
             apply_event(tx.projections, event)
     return [c.command_id for c in fresh]
+
+
+def precheck(tx: LogTransaction, commands: Sequence[CommandBase],
+             lines: Sequence[int]) -> list[FieldProblem]:
+    """Problems with `commands` against the fleet as it stands and as pending commands leave it."""
+    if not any(c.references() or c.command_type in PRECHECKS for c in commands):
+        return []
+    declared = {key for _, row in tx.projections.items(PENDING) for key in row.get("creates", [])}
+    problems = []
+    for line, command in zip(lines, commands, strict=True):
+        for field, key in command.references():
+            if key not in declared and tx.projections.get(ENTITY, key) is None:
+                kind, _, name = key.partition("/")
+                problems.append(FieldProblem(line, field, f"unknown {kind} {name!r}"))
+        check = PRECHECKS.get(command.command_type)
+        if check is not None:
+            problems.extend(FieldProblem(line, field, message)
+                            for field, message in check(command, tx.projections))
+        declared.update(command.creates())
+    return problems
 
 
 def _stored_event_ids(tx: LogTransaction, event_ids: list[str]) -> set[str]:
@@ -97,10 +129,24 @@ def decide(store: EventStore, command_ids: Sequence[str],
     for attempt in range(MAX_CONFLICT_RETRIES):
         try:
             with store.transaction() as tx:
-                return _decide_in(tx, list(dict.fromkeys(command_ids)), policies)
+                outcomes = _decide_in(tx, list(dict.fromkeys(command_ids)), policies)
         except ConcurrencyConflict as conflict:
             log.warning("decision_conflict_retry", attempt=attempt, stream_id=conflict.stream_id)
+            continue
+        run_effects(store, outcomes)
+        return outcomes
     raise RuntimeError(f"gave up after {MAX_CONFLICT_RETRIES} version conflicts")
+
+
+def run_effects(store: EventStore, outcomes: Sequence[Outcome]) -> None:
+    """Run the outside effects of events this call committed: at most once, never on a replay."""
+    for outcome in outcomes:
+        if not outcome.decided_now:
+            continue
+        for event in outcome.events:
+            effect = EFFECTS.get(event.event_type)
+            if effect is not None:
+                effect(store, event)
 
 
 def _decide_in(tx: LogTransaction, command_ids: list[str], policies: PolicyBook) -> list[Outcome]:
@@ -120,7 +166,7 @@ def _decide_in(tx: LogTransaction, command_ids: list[str], policies: PolicyBook)
         command = parse_command(accepted.data["command"])
         context = DecisionContext(tx.projections, tx.head_position, tx.stream_version, policies,
                                   accepted.event_id)
-        appended = tx.append(HANDLERS[command.type](command, context))  # type: ignore[attr-defined]
+        appended = tx.append(HANDLERS[command.command_type](command, context))
         for event in appended:
             apply_event(tx.projections, event)
         log.info("command_decided", command_id=command_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -40,8 +41,21 @@ def _validate(item: Any, line: int, problems: list[FieldProblem]) -> CommandBase
         return None
 
 
+@dataclass(frozen=True)
+class Submission:
+    """Validated commands and the line (or array item) each came from."""
+
+    commands: list[CommandBase]
+    lines: list[int]
+
+
 def parse_submission(text: str) -> list[CommandBase]:
     """Every command in `text`, validated; raises SubmissionRejected listing each bad line."""
+    return read_submission(text).commands
+
+
+def read_submission(text: str) -> Submission:
+    """Like `parse_submission`, keeping each command's line number for later problems."""
     if len(text.encode("utf-8", errors="replace")) > MAX_SUBMISSION_BYTES:
         raise InputError(f"submission is larger than {MAX_SUBMISSION_BYTES} bytes")
     stripped = text.lstrip()
@@ -66,10 +80,14 @@ def parse_submission(text: str) -> list[CommandBase]:
                 problems.append(FieldProblem(number, "(json)", f"not JSON: {error.msg}"))
     if len(items) > MAX_COMMANDS:
         raise InputError(f"submission holds {len(items)} commands; the limit is {MAX_COMMANDS}")
-    commands = [command for line, item in items
-                if (command := _validate(item, line, problems)) is not None]
+    commands, lines = [], []
+    for line, item in items:
+        command = _validate(item, line, problems)
+        if command is not None:
+            commands.append(command)
+            lines.append(line)
     if problems:
         raise SubmissionRejected(problems[:MAX_PROBLEMS_LISTED])
     if not commands:
         raise InputError("the submission holds no commands")
-    return commands
+    return Submission(commands, lines)

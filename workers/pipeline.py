@@ -33,12 +33,13 @@ def _run_embedded_if_needed(settings: Settings, connection: Redis) -> bool:
     return True
 
 
-def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase]) -> Submitted:
+def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase],
+           lines: Sequence[int] | None = None) -> Submitted:
     """Record `commands` in the inbox, then enqueue the newly accepted ones in batches.
 
     The inbox is written first: if enqueueing fails, `reconcile` finds the commands later.
     """
-    accepted = accept(store, commands)
+    accepted = accept(store, commands, lines)
     connection = connect(settings)
     job_ids = enqueue_commands(connection, settings, accepted)
     ran = _run_embedded_if_needed(settings, connection)

@@ -9,7 +9,7 @@ import click
 
 from controlplane.cli.context import settings_and_store
 from controlplane.cli.output import emit, table
-from controlplane.commands import AssessMemory, DeploymentMemorySpec, ModelMemorySpec
+from controlplane.commands.memory import AssessMemory, DeploymentMemorySpec, ModelMemorySpec
 from controlplane.replay import compare_with_live, verify_decisions
 from events.verify import verify_chain
 from workers.pipeline import submit as submit_commands

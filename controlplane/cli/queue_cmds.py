@@ -14,7 +14,7 @@ from controlplane.cli.context import settings_and_store
 from controlplane.cli.output import emit
 from controlplane.errors import InputError
 from controlplane.service import Outcome
-from controlplane.submission import parse_submission
+from controlplane.submission import read_submission
 from events.database import migrate
 from workers.connections import connect, redis_url_in_use
 from workers.pipeline import reconcile as reconcile_pending
@@ -67,9 +67,10 @@ def submit(source: str, wait: bool, timeout_seconds: float, as_json: bool) -> No
 
     Nothing is written unless every command is valid.
     """
-    commands = parse_submission(_read_source(source))
+    submission = read_submission(_read_source(source))
+    commands = submission.commands
     settings, store = settings_and_store()
-    result = submit_commands(settings, store, commands)
+    result = submit_commands(settings, store, commands, submission.lines)
     report: dict[str, Any] = {"accepted": len(result.accepted_ids),
                               "already_accepted": len(commands) - len(result.accepted_ids),
                               "jobs": len(result.job_ids),

@@ -1,21 +1,18 @@
 """Admission: reserve worst-case live tokens before work starts, queue boundedly, shed explicitly.
 
-The pool's state is an immutable value; `admit` and `release` are pure and return the decision(s)
+The pool's state is an immutable value; `admit` and `release` are pure and return decision(s)
 and the next state. `apply_decision` is the fold step: folding the recorded decisions (with the
-`now` they were made at) rebuilds exactly the state the policy returned, without re-deciding.
+`now` each was made at) rebuilds exactly the state the policy returned, without re-deciding.
 
-Deliberate choices where the reference has quirks (spec §8):
-- A replay of a recorded id returns the request's current decision (its admission, or its later
-  promotion or release) and changes nothing; a replay with a different payload is `reject`ed.
-- A newcomer never overtakes the queue: while anyone is queued, it waits too (FIFO, so a large
-  queued request cannot be starved by a stream of small ones).
-- The queue estimate decides the deadline only for a request that would wait; one admitted now
-  only needs its deadline not to have passed already.
-- `release` promotes queued requests in FIFO order while the head fits; a head whose deadline has
-  passed is shed instead of promoted. A shed is permanent for the life of its record.
-- Settled records (shed, released) expire after `record_ttl_seconds`, and at most
-  `max_settled_records` are kept (oldest decided first out); an id whose record expired is judged
-  afresh. Live records (admitted, queued) never expire: they hold the reservation.
+Deliberate choices on the reference's quirks (spec §8):
+- A replay returns the id's current decision (admission, promotion or release) and changes
+  nothing; a replay with a different payload is `reject`ed with its own code.
+- FIFO without overtaking: while anyone is queued a newcomer waits too, so a large queued
+  request cannot be starved; `release` promotes the head while it fits, shedding a head whose
+  deadline has passed. The queue estimate only decides the deadline of a request that would wait.
+- A shed is permanent for the life of its record. Settled records (shed, released) expire after
+  `record_ttl_seconds` and at most `max_settled_records` are kept (oldest first out); an expired
+  id is judged afresh. Admitted and queued records never expire: they hold the reservation.
 """
 
 from __future__ import annotations
@@ -88,6 +85,9 @@ class PoolState:
 
 
 _SETTLED = (AdmissionAction.SHED, AdmissionAction.RELEASE)
+_TRANSITIONS = {AdmissionAction.QUEUE: (AdmissionAction.ADMIT, AdmissionAction.SHED,
+                                        AdmissionAction.RELEASE),
+                AdmissionAction.ADMIT: (AdmissionAction.RELEASE,)}
 
 
 def _count(value: object) -> bool:
@@ -206,6 +206,8 @@ def decide_admission(state: PoolState, request: AdmissionRequest, now: float,
 def apply_decision(state: PoolState, decision: AdmissionDecision, now: float,
                    policy: AdmissionPolicy, request: AdmissionRequest | None = None) -> PoolState:
     """Fold one recorded decision into the state; a replay or a rejection changes nothing."""
+    _validate_policy(policy)
+    _validate_time(now)
     if decision.action is AdmissionAction.REJECT:
         return state
     record = _find(state, decision.request_id, now, policy)
@@ -224,11 +226,7 @@ def apply_decision(state: PoolState, decision: AdmissionDecision, now: float,
         new = AdmissionRecord(request, decision, now)
     else:
         was, becomes = record.decision.action, decision.action
-        allowed = {AdmissionAction.QUEUE: (AdmissionAction.ADMIT, AdmissionAction.SHED,
-                                           AdmissionAction.RELEASE),
-                   AdmissionAction.ADMIT: (AdmissionAction.RELEASE,)}
-        require(becomes in allowed.get(was, ()),
-                "decision_does_not_apply", "decision",
+        require(becomes in _TRANSITIONS.get(was, ()), "decision_does_not_apply", "decision",
                 f"a {becomes.value} decision cannot follow {was.value}")
         if was is AdmissionAction.QUEUE:
             queue = tuple(rid for rid in queue if rid != decision.request_id)

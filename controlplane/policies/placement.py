@@ -97,7 +97,8 @@ def first_failed_gate(gpu: GPU, request: PlacementRequest) -> str | None:
 def _validate(request: PlacementRequest) -> None:
     require(bool(request.replica.strip()) and bool(request.model_revision.strip()),
             "replica_and_revision_required", "replica", "replica and model revision are required")
-    require(isinstance(request.gpus_required, int) and request.gpus_required > 0,
+    require(isinstance(request.gpus_required, int) and not isinstance(request.gpus_required, bool)
+            and request.gpus_required > 0,
             "gpu_count_not_positive", "gpus_required", "gpus_required must be a positive integer")
     need = request.memory_gib_per_gpu
     require(math.isfinite(need) and need > 0, "memory_requirement_not_positive",

@@ -1,46 +1,41 @@
-"""Fold events into fleet-state projections. Rebuilding state never calls a policy."""
+"""Fold events into fleet-state projections. Rebuilding state never calls a policy.
+
+Each domain module lists its projectors in `PROJECTORS`; this is the one registry.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
 
 from controlplane.decisions import ACCEPTED
-from controlplane.handlers import MEMORY_ASSESSED
+from controlplane.discovery import domain_modules
+from controlplane.state import memory
+from controlplane.state.base import Projector
 from events.model import RecordedEvent
 from events.projections import StateStore
 
-Projector = Callable[[StateStore, RecordedEvent], None]
 PENDING = "pending"
-MEMORY_FIT = "memory_fit"
+# Every named thing the fleet knows (`node/n1`, `pool/p`, …): what command references resolve to.
+ENTITY = "entity"
+MEMORY_FIT = memory.MEMORY_FIT
 
 
 def _accepted(state: StateStore, event: RecordedEvent) -> None:
     command = event.data["command"]
     state.put(PENDING, command["command_id"], {"type": command["type"],
-                                               "accepted_position": event.position})
+                                               "accepted_position": event.position,
+                                               "creates": event.data.get("creates", [])})
 
 
-def _memory_assessed(state: StateStore, event: RecordedEvent) -> None:
-    result = event.data["result"]
-    state.put(MEMORY_FIT, event.data["inputs"]["model_name"], {
-        "fits": result["fits"],
-        "required_gib_per_gpu": result["required_gib_per_gpu"],
-        "usable_gib_per_gpu": result["usable_gib_per_gpu"],
-        "max_concurrency": result["max_concurrency"],
-        "command_id": event.command_id,
-        "position": event.position,
-    })
-
-
-PROJECTORS: dict[str, list[Projector]] = {
-    ACCEPTED: [_accepted],
-    MEMORY_ASSESSED: [_memory_assessed],
-}
+ALL_PROJECTORS: dict[str, list[Projector]] = {ACCEPTED: [_accepted]}
+for _domain in domain_modules(sys.modules[__package__ or "controlplane.state"], "PROJECTORS"):
+    for _event_type, _projectors in _domain.PROJECTORS.items():
+        ALL_PROJECTORS.setdefault(_event_type, []).extend(_projectors)
 
 
 def apply_event(state: StateStore, event: RecordedEvent) -> None:
     """Fold one event: any decision settles its command; typed projectors do the rest."""
     if event.event_type != ACCEPTED and event.command_id is not None:
         state.delete(PENDING, event.command_id)
-    for projector in PROJECTORS.get(event.event_type, ()):
+    for projector in ALL_PROJECTORS.get(event.event_type, ()):
         projector(state, event)

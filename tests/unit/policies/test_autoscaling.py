@@ -185,7 +185,7 @@ def scenarios(draw: st.DrawFn) -> tuple[list[ScaleObservation], ScaleState, Auto
     return observations, state, policy
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(scenarios())
 def test_target_stays_within_bounds_and_warming_adds_no_ready_capacity(
         scenario: tuple[list[ScaleObservation], ScaleState, AutoscalingPolicy]) -> None:

@@ -267,7 +267,7 @@ gpus_strategy = st.lists(
     max_size=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(gpus=gpus_strategy, order=st.randoms(use_true_random=False),
        count=st.integers(1, 4), memory=st.sampled_from([10.0, 30.0, 40.0, 55.5]),
        capabilities=st.sampled_from([frozenset(), frozenset({"bf16"}), BOTH]),

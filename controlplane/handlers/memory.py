@@ -1,10 +1,9 @@
-"""Command handlers: command -> read state -> policy -> events. One function per command type."""
+"""Memory-fit handlers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from controlplane.commands import AssessMemory, CommandBase
+from controlplane.commands.base import CommandBase
+from controlplane.commands.memory import AssessMemory
 from controlplane.decisions import (
     DecisionContext,
     append_to,
@@ -12,12 +11,11 @@ from controlplane.decisions import (
     new_event,
     rejection,
 )
+from controlplane.handlers.base import Handler
 from controlplane.policies.memory import DeploymentMemory, ModelMemory, assess_memory
 from controlplane.policies.reasons import PolicyInputError, to_plain
+from controlplane.state.memory import MEMORY_ASSESSED
 from events.model import StreamAppend
-
-Handler = Callable[[CommandBase, DecisionContext], list[StreamAppend]]
-MEMORY_ASSESSED = "MemoryAssessed"
 
 
 def handle_assess_memory(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:

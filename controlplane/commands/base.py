@@ -1,0 +1,67 @@
+"""What every command shares: the base model, the strict field types and their bounds.
+
+Commands are imperative, immutable and strict: unknown fields, wrong types, negative counts,
+NaN or infinity and absurd sizes are refused at the edge, before anything is written.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Name = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]*$")]
+CommandId = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+Count = Annotated[int, Field(strict=True, gt=0)]
+NonNegativeFloat = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+PositiveFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(strict=True, gt=0, le=1, allow_inf_nan=False)]
+
+MAX_PARAMETERS = 100_000_000_000_000  # 100 trillion: far past any model, short of overflow tricks
+MAX_TOKENS = 100_000_000
+MAX_GPU_MEMORY_GIB = 100_000.0
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class CommandBase(Frozen):
+    """Fields every command carries. `at` is the command's logical time: policies read no clock."""
+
+    command_id: CommandId = Field(default_factory=lambda: str(uuid.uuid4()))
+    at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    actor: Name = "operator"
+    tenant: Name = "default"
+    correlation_id: CommandId | None = None
+
+    @field_validator("at")
+    @classmethod
+    def _aware_utc(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    @property
+    def occurred_at(self) -> str:
+        return self.at.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+    @property
+    def command_type(self) -> str:
+        return str(self.type)
+
+    def references(self) -> list[tuple[str, str]]:
+        """(field, entity key) pairs this command needs to exist, e.g. ("node_id", "node/n1")."""
+        return []
+
+    def creates(self) -> list[str]:
+        """Entity keys this command brings into being when decided, e.g. "node/n1"."""
+        return []
+
+    def payload(self) -> dict[str, Any]:
+        """The command as plain JSON data, exactly as it is recorded in the inbox."""
+        return self.model_dump(mode="json")
+
+

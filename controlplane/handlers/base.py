@@ -1,0 +1,26 @@
+"""The signatures a domain's handler module may export.
+
+- `HANDLERS: dict[str, Handler]`: command type -> decide (pure apart from reading the context).
+- `PRECHECKS: dict[str, Precheck]`: command type -> problems found against current state when
+  the command is submitted (an unknown node, pool, replica); any problem refuses the whole
+  submission and nothing is written.
+- `EFFECTS: dict[str, Effect]`: event type -> an action with outside effects (a provider call)
+  run at most once, after the transaction that appended that event has committed, by the worker
+  that committed it. It records what it observed through the store.
+- `OBSERVATIONS: set[str]`: event types that effects append; replay folds them but never
+  re-derives them, since no policy produced them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from controlplane.commands.base import CommandBase
+from controlplane.decisions import DecisionContext
+from events.model import RecordedEvent, StreamAppend
+from events.projections import StateView
+from events.store import EventStore
+
+Handler = Callable[[CommandBase, DecisionContext], list[StreamAppend]]
+Precheck = Callable[[CommandBase, StateView], list[tuple[str, str]]]
+Effect = Callable[[EventStore, RecordedEvent], None]
