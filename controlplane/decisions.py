@@ -68,6 +68,23 @@ def append_to(stream_id: str, ctx: DecisionContext, *events: NewEvent) -> Stream
     return StreamAppend(stream_id, ctx.stream_version(stream_id), list(events))
 
 
+def issue_command(parent: CommandBase, ctx: DecisionContext, child: CommandBase,
+                  cause_event_id: str) -> StreamAppend:
+    """Accept a follow-up command as part of a decision (a scale-up's placements).
+
+    The child is recorded in the inbox in the deciding transaction, caused by `cause_event_id`;
+    it is enqueued after commit, and `reconcile` finds it if that never happens.
+    """
+    payload = child.payload()
+    event = NewEvent(
+        event_id=derived_event_id(child.command_id, "accepted"), event_type=ACCEPTED,
+        data={"command": payload, "creates": child.creates()}, occurred_at=child.occurred_at,
+        command_id=child.command_id, causation_id=cause_event_id,
+        correlation_id=parent.correlation_id or parent.command_id, actor=parent.actor,
+        tenant=parent.tenant)
+    return StreamAppend(INBOX_STREAM, None, [event])
+
+
 def rejection(command: CommandBase, ctx: DecisionContext, error: PolicyInputError,
               stream_id: str) -> list[StreamAppend]:
     """A valid-looking command the policy cannot decide: recorded so it is never retried."""

@@ -20,7 +20,15 @@ class MemoryPolicy(BaseModel):
     usable_fraction: Annotated[float, Field(strict=True, gt=0, le=1)] = 0.90
 
 
-POLICY_MODELS: dict[str, type[BaseModel]] = {"memory": MemoryPolicy}
+class PlacementPolicy(BaseModel):
+    """Parameters of replica placement."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    usable_fraction: Annotated[float, Field(strict=True, gt=0, le=1)] = 0.90
+    max_tensor_parallel: Annotated[int, Field(strict=True, gt=0, le=64)] = 8
+
+
+POLICY_MODELS: dict[str, type[BaseModel]] = {"memory": MemoryPolicy, "placement": PlacementPolicy}
 POLICY_PROJECTION = "policy"
 
 

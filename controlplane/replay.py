@@ -125,9 +125,16 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
             group.clear()
 
     for count, event in enumerate(store.read_all(to_position=to_position), 1):
-        if group and event.command_id != group[0].command_id:
+        if group and event.command_id != group[0].command_id and not (
+                event.event_type == ACCEPTED and event.causation_id is not None):
             settle()
-        if event.event_type == ACCEPTED:
+        if event.event_type == ACCEPTED and group and event.causation_id is not None \
+                and event.causation_id in {e.event_id for e in group}:
+            # A follow-up command the open decision issued: part of that decision.
+            group.append(event)
+            commands[event.data["command"]["command_id"]] = (event.data["command"],
+                                                               event.event_id)
+        elif event.event_type == ACCEPTED:
             settle()
             commands[event.data["command"]["command_id"]] = (event.data["command"],
                                                                event.event_id)

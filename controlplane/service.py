@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,12 +118,16 @@ def _stored_event_ids(tx: LogTransaction, event_ids: list[str]) -> set[str]:
     return found
 
 
+Enqueue = Callable[[list[str]], object]
+
+
 def decide(store: EventStore, command_ids: Sequence[str],
-           policies: PolicyBook | None = None) -> list[Outcome]:
+           policies: PolicyBook | None = None, enqueue: Enqueue | None = None) -> list[Outcome]:
     """Decide each command once, in one transaction holding the append lock.
 
     A command already decided is not decided again: its recorded events are returned, so a job
-    delivered twice appends nothing. Unknown ids are skipped with a warning.
+    delivered twice appends nothing. Unknown ids are skipped with a warning. Follow-up commands
+    a decision issued are passed to `enqueue` after commit (else `reconcile` finds them).
     """
     policies = policies or PolicyBook()
     for attempt in range(MAX_CONFLICT_RETRIES):
@@ -134,6 +138,10 @@ def decide(store: EventStore, command_ids: Sequence[str],
             log.warning("decision_conflict_retry", attempt=attempt, stream_id=conflict.stream_id)
             continue
         run_effects(store, outcomes)
+        issued = [e.command_id for o in outcomes if o.decided_now for e in o.events
+                  if e.event_type == ACCEPTED and e.command_id]
+        if issued and enqueue is not None:
+            enqueue(issued)
         return outcomes
     raise RuntimeError(f"gave up after {MAX_CONFLICT_RETRIES} version conflicts")
 

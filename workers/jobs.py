@@ -6,17 +6,28 @@ import os
 from typing import Any
 
 import structlog
+from rq import get_current_job
 
 from controlplane.runtime import store_for_process
 from controlplane.service import decide
+from controlplane.settings import Settings
+from workers.queue import enqueue_commands
 
 log = structlog.get_logger(__name__)
 
 
 def decide_commands(command_ids: list[str]) -> dict[str, Any]:
     """Decide a batch of accepted commands; a command already decided appends nothing."""
-    bound = log.bind(job_pid=os.getpid(), batch_size=len(command_ids))
-    outcomes = decide(store_for_process(), command_ids)
+    job = get_current_job()
+    bound = log.bind(job_pid=os.getpid(), batch_size=len(command_ids),
+                     job_id=job.id if job is not None else None)
+    settings = Settings.from_env()
+
+    def enqueue_follow_ups(ids: list[str]) -> None:
+        if job is not None:
+            enqueue_commands(job.connection, settings, ids)
+
+    outcomes = decide(store_for_process(settings), command_ids, enqueue=enqueue_follow_ups)
     decided_now = sum(1 for outcome in outcomes if outcome.decided_now)
     bound.info("batch_decided", decided_now=decided_now, already_decided=len(outcomes) - decided_now)
     return {"decided_now": decided_now, "already_decided": len(outcomes) - decided_now}

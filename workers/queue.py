@@ -10,9 +10,10 @@ from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
 from controlplane.settings import COMMAND_QUEUE, Settings
-from workers.jobs import decide_commands
 
 RETRY = Retry(max=3, interval=[1, 5, 30])
+# By dotted path: the job module imports this one to enqueue follow-up commands.
+DECIDE_JOB = "workers.jobs.decide_commands"
 
 
 def command_queue(connection: Redis, name: str = COMMAND_QUEUE) -> Queue:
@@ -32,7 +33,7 @@ def enqueue_commands(connection: Redis, settings: Settings, command_ids: Sequenc
                for i in range(0, len(command_ids), settings.batch_size)]
     jobs = [
         Queue.prepare_data(
-            decide_commands, args=(batch,), job_id=batch_job_id(batch),
+            DECIDE_JOB, args=(batch,), job_id=batch_job_id(batch),
             timeout=settings.job_timeout_seconds, result_ttl=settings.result_ttl_seconds,
             failure_ttl=settings.failure_ttl_seconds, retry=RETRY,
             description=f"decide {len(batch)} command(s)")

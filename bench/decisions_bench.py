@@ -1,0 +1,382 @@
+"""Decision throughput: the batched path beside the naive one and beside the storage floor.
+
+Run `python bench/decisions_bench.py [--commands N] [--json]` (default N = 10,000). In one run it
+times N `AssessMemory` commands (seeded: real catalog architectures on real GPU types) end to
+end, from the validated commands to every decision appended and projected:
+
+- batched: accept into the inbox, enqueue in jobs of FLEET_BATCH_SIZE ids, decide, append,
+  project; on the embedded default (SQLite + in-process fakeredis + in-process worker), on real
+  Redis + SQLite and on real Redis + PostgreSQL with 1, 2 and 4 forking worker processes;
+- naive: the same with one RQ job per command (batch size 1), on fewer commands (rates are per
+  command, so the ratio stays fair);
+- floor: one bulk insert of the very rows the batched run stored (its CommandAccepted and
+  decision events, copied) into the same table of the same kind of database.
+
+Every run checks that each command was decided exactly once. Scratch databases, the Redis db and
+the worker processes are the benchmark's own and are removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import (  # noqa: E402
+    BenchSkipped,
+    Measurement,
+    as_jsonable,
+    decision_counts,
+    format_table,
+    postgres_database,
+    redis_db,
+    wait_for_position,
+    worker_processes,
+)
+from controlplane.catalog.registry import load_catalog  # noqa: E402
+from controlplane.commands import CommandBase, command_adapter  # noqa: E402
+from controlplane.decisions import ACCEPTED  # noqa: E402
+from controlplane.logging import configure_logging  # noqa: E402
+from controlplane.runtime import open_store, store_for_process  # noqa: E402
+from controlplane.settings import Settings  # noqa: E402
+from events.canonical import GENESIS_HASH  # noqa: E402
+from events.store import EventStore  # noqa: E402
+from events.tables import events_table  # noqa: E402
+from workers.pipeline import submit  # noqa: E402
+
+SEED = 20251130
+DEFAULT_COMMANDS = 10_000
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+WORKER_COUNTS = (1, 2, 4)
+RUN_TIMEOUT_SECONDS = 300.0
+EMBEDDED = "sqlite+fakeredis"
+SQLITE_REDIS = "sqlite+redis"
+POSTGRES_REDIS = "postgres+redis"
+
+
+def command_payloads(count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` varied AssessMemory payloads: catalog models on catalog GPUs, seeded."""
+    rng = random.Random(seed)
+    catalog = load_catalog()
+    models = [catalog.models[key] for key in sorted(catalog.models)]
+    gpus = [catalog.gpus[key] for key in sorted(catalog.gpus)]
+    start = datetime(2026, 11, 30, 12, tzinfo=UTC)
+    payloads = []
+    for index in range(count):
+        model, gpu = rng.choice(models), rng.choice(gpus)
+        tensor_parallel = rng.choice([1, 2, 4, 8])
+        arch = model.architecture
+        deployment: dict[str, Any] = {
+            "gpu_memory_gib": round(gpu.memory_gib, 3), "tensor_parallel_size": tensor_parallel,
+            "kv_shards": min(tensor_parallel, arch.kv_heads),
+            "max_live_tokens_per_request": rng.choice([2_048, 4_096, 8_192, 32_768, 131_072]),
+            "target_concurrency": rng.choice([1, 4, 8, 16, 64, 256]),
+            "runtime_overhead_gib": rng.choice([1.0, 2.0, 4.0]),
+        }
+        if rng.random() < 0.3:
+            deployment["usable_fraction"] = rng.choice([0.8, 0.85, 0.92])
+        payloads.append({
+            "type": "AssessMemory", "command_id": f"c{index:06d}",
+            "at": (start + timedelta(seconds=index)).isoformat().replace("+00:00", "Z"),
+            "model_name": f"{model.model_id}@{gpu.gpu_id}-tp{tensor_parallel}",
+            "model": {"parameters": model.parameters.total, "weight_bits": rng.choice([16, 8, 4]),
+                      "layers": arch.layers, "kv_heads": arch.kv_heads, "head_dim": arch.head_dim},
+            "deployment": deployment,
+        })
+    return payloads
+
+
+def commands_for(payloads: Sequence[dict[str, Any]], run: str) -> list[CommandBase]:
+    """The payloads as validated commands with ids unique to `run` (validation is not timed)."""
+    return [command_adapter.validate_python({**p, "command_id": f"{run}-{p['command_id']}"})
+            for p in payloads]
+
+
+def reset_log(store: EventStore) -> None:
+    """Empty the log and its projections (between runs on one PostgreSQL database)."""
+    from sqlalchemy import text
+
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM events"))
+        conn.execute(text("DELETE FROM projections"))
+        conn.execute(text("UPDATE log_head SET position = 0, hash = :h"), {"h": GENESIS_HASH})
+
+
+def check_exactly_once(store: EventStore, count: int, label: str) -> None:
+    events, commands = decision_counts(store.engine, ACCEPTED)
+    if events != count or commands != count:
+        raise RuntimeError(f"{label}: {commands} commands decided by {events} events, "
+                           f"expected {count} each")
+
+
+def stored_rows(store: EventStore) -> list[dict[str, Any]]:
+    """Every stored event row, as stored (data as its JSON text), in position order."""
+    return list(store.read_all(raw=True))
+
+
+@contextmanager
+def environment(**values: str | None) -> Iterator[None]:
+    """Set (or, for None, unset) environment variables for the duration, then restore them."""
+    saved = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def run_embedded(path: str, commands: list[CommandBase], batch_size: int,
+                 scratch: Path) -> tuple[Measurement, list[dict[str, Any]]]:
+    """Submit on the embedded default: the in-process worker decides before `submit` returns."""
+    from fakeredis import FakeRedis
+
+    from workers.connections import embedded_server
+
+    url = f"sqlite:///{scratch}/{path}-embedded.db"
+    with environment(FLEET_DATABASE_URL=url, FLEET_REDIS_URL=None):
+        store = open_store(url)
+        store_for_process()  # the job's store, opened once per process as in a real worker
+        FakeRedis(server=embedded_server()).flushall()
+        settings = Settings(database_url=url, batch_size=batch_size)
+        started = time.perf_counter()
+        submit(settings, store, commands)
+        seconds = time.perf_counter() - started
+    check_exactly_once(store, len(commands), f"{path} {EMBEDDED}")
+    rows = stored_rows(store)
+    store.engine.dispose()
+    return Measurement(path, EMBEDDED, "in-process", len(commands), seconds), rows
+
+
+def run_queued(path: str, store_label: str, commands: list[CommandBase], batch_size: int,
+               database_url: str, redis_url: str, workers: int,
+               scratch: Path) -> tuple[Measurement, list[dict[str, Any]]]:
+    """Submit to real Redis with `workers` forking worker processes already waiting."""
+    store = open_store(database_url)
+    reset_log(store)
+    env = {"FLEET_DATABASE_URL": database_url, "FLEET_REDIS_URL": redis_url,
+           "FLEET_LOG_LEVEL": "WARNING"}
+    log_path = scratch / "workers.log"
+    with redis_db(redis_url) as connection, \
+            worker_processes(workers, env, log_path, connection) as processes:
+        settings = Settings(database_url=database_url, redis_url=redis_url, batch_size=batch_size)
+        started = time.monotonic()
+        submit(settings, store, commands)
+        finished = wait_for_position(store.engine, 2 * len(commands), RUN_TIMEOUT_SECONDS,
+                                     processes)
+    check_exactly_once(store, len(commands), f"{path} {store_label} x{workers}")
+    rows = stored_rows(store)
+    store.engine.dispose()
+    return Measurement(path, store_label, str(workers), len(commands), finished - started), rows
+
+
+def storage_floor(database_url: str, rows: list[dict[str, Any]], store_label: str,
+                  decisions: int) -> Measurement:
+    """Bulk-insert `rows` (copies of real stored events) in one transaction into an empty log."""
+    store = open_store(database_url)
+    reset_log(store)
+    started = time.perf_counter()
+    with store.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
+        conn.execute(events_table.insert(), rows)
+    seconds = time.perf_counter() - started
+    reset_log(store)
+    store.engine.dispose()
+    return Measurement("floor", store_label, "-", decisions, seconds,
+                       f"bulk insert of {len(rows)} copied event rows")
+
+
+class Results:
+    """Measurements, floors and skipped scenarios, with the ratios the table reports."""
+
+    def __init__(self) -> None:
+        self.runs: list[Measurement] = []
+        self.floors: dict[str, Measurement] = {}
+        self.skipped: list[str] = []
+
+    def floor_for(self, store_label: str) -> Measurement | None:
+        return self.floors.get("postgres" if store_label.startswith("postgres") else "sqlite")
+
+    def naive_for(self, run: Measurement) -> Measurement | None:
+        """The naive run on the same store with the same workers, else with one worker."""
+        naive = {(m.store, m.workers): m for m in self.runs if m.path == "naive"}
+        return naive.get((run.store, run.workers)) or naive.get((run.store, "1")) \
+            or naive.get((run.store, "in-process"))
+
+    def ratios(self, run: Measurement) -> dict[str, float | None]:
+        floor, naive = self.floor_for(run.store), self.naive_for(run)
+        return {
+            "ratio_to_floor": run.per_second / floor.per_second if floor else None,
+            "ratio_to_naive": run.per_second / naive.per_second
+            if naive and run.path == "batched" else None,
+        }
+
+    def table(self) -> str:
+        rows = []
+        for run in [*self.runs, *self.floors.values()]:
+            ratios = self.ratios(run) if run.path != "floor" else {}
+            rows.append([run.path, run.store, run.workers, f"{run.commands:,}",
+                         f"{run.seconds:.2f}", f"{run.per_second:,.0f}",
+                         _ratio(ratios.get("ratio_to_floor")), _ratio(ratios.get("ratio_to_naive"))])
+        return format_table(["path", "store", "workers", "commands", "seconds", "decisions/s",
+                             "x floor", "x naive"], rows)
+
+    def goals(self) -> list[tuple[str, bool | None]]:
+        """The issue's bar and the later goals, each met, missed, or None when not measured."""
+        batched = [m for m in self.runs if m.path == "batched"]
+        naive_ratios = [r for m in batched if (r := self.ratios(m)["ratio_to_naive"])]
+        sqlite_floor = [r for m in batched if m.store != POSTGRES_REDIS
+                        and (r := self.ratios(m)["ratio_to_floor"]) is not None]
+        postgres = [m.per_second for m in sorted(
+            (m for m in batched if m.store == POSTGRES_REDIS), key=lambda m: int(m.workers))]
+        return [
+            ("batched >= 10x naive on every store", min(naive_ratios) >= 10 if naive_ratios else None),
+            ("batched >= 50x naive on every store", min(naive_ratios) >= 50 if naive_ratios else None),
+            ("batched >= 0.25 of the SQLite floor (best run)",
+             max(sqlite_floor) >= 0.25 if sqlite_floor else None),
+            ("PostgreSQL throughput grows with worker processes (1 < 2 < 4)",
+             all(a < b for a, b in zip(postgres, postgres[1:], strict=False))
+             if len(postgres) > 1 else None),
+        ]
+
+    def as_json(self, commands: int, naive_commands: int, batch_size: int) -> dict[str, Any]:
+        return {
+            "benchmark": "decisions", "seed": SEED, "commands": commands,
+            "naive_commands": naive_commands, "batch_size": batch_size,
+            "runs": [as_jsonable(m, **self.ratios(m)) for m in self.runs],
+            "floors": [as_jsonable(m) for m in self.floors.values()],
+            "skipped": self.skipped,
+            "goals": [{"goal": goal, "met": met} for goal, met in self.goals()],
+        }
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def run_all(args: argparse.Namespace, results: Results, progress: Callable[[str], None]) -> None:
+    payloads = command_payloads(args.commands, SEED)
+    naive_payloads = payloads[:args.naive_commands]
+    batch_size = Settings.from_env().batch_size
+    with tempfile.TemporaryDirectory(prefix="fleet-bench-") as directory:
+        scratch = Path(directory)
+        if "embedded" in args.only:
+            progress("embedded: batched")
+            run, rows = run_embedded("batched", commands_for(payloads, "b-emb"), batch_size, scratch)
+            results.runs.append(run)
+            results.floors["sqlite"] = storage_floor(f"sqlite:///{scratch}/floor.db", rows,
+                                                     "sqlite", run.commands)
+            progress("embedded: naive")
+            results.runs.append(run_embedded("naive", commands_for(naive_payloads, "n-emb"), 1,
+                                             scratch)[0])
+        for label, wanted in ((SQLITE_REDIS, "sqlite"), (POSTGRES_REDIS, "postgres")):
+            if wanted not in args.only:
+                continue
+            try:
+                run_real_store(args, results, label, payloads, naive_payloads, batch_size, scratch,
+                               progress)
+            except BenchSkipped as skipped:
+                results.skipped.append(f"{label}: {skipped}")
+
+
+def run_real_store(args: argparse.Namespace, results: Results, label: str,
+                   payloads: list[dict[str, Any]], naive_payloads: list[dict[str, Any]],
+                   batch_size: int, scratch: Path, progress: Callable[[str], None]) -> None:
+    with redis_db(args.redis_url):  # fail fast (skip) when Redis is down
+        pass
+    with _database(label, args.postgres_url, scratch) as url:
+        for workers in WORKER_COUNTS:
+            progress(f"{label}: batched, {workers} worker(s)")
+            run, rows = run_queued("batched", label, commands_for(payloads, f"b{workers}"),
+                                   batch_size, url, args.redis_url, workers, scratch)
+            results.runs.append(run)
+            floor_key = "postgres" if label == POSTGRES_REDIS else "sqlite"
+            if floor_key not in results.floors:
+                results.floors[floor_key] = storage_floor(url, rows, floor_key, run.commands)
+        for workers in args.naive_workers:
+            progress(f"{label}: naive, {workers} worker(s)")
+            run, _ = run_queued("naive", label, commands_for(naive_payloads, f"n{workers}"), 1,
+                                url, args.redis_url, workers, scratch)
+            results.runs.append(run)
+
+
+@contextmanager
+def _database(label: str, postgres_url: str, scratch: Path) -> Iterator[str]:
+    if label == POSTGRES_REDIS:
+        with postgres_database(postgres_url) as url:
+            yield url
+    else:
+        yield f"sqlite:///{scratch}/{label}.db"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--commands", type=int, default=DEFAULT_COMMANDS,
+                        help="commands per batched run (default 10,000)")
+    parser.add_argument("--naive-commands", type=int, default=None,
+                        help="commands per naive run (default: a tenth of --commands, >= 20)")
+    parser.add_argument("--naive-workers", type=int, nargs="+", default=[1],
+                        help="worker counts for the naive runs on real Redis (default 1)")
+    parser.add_argument("--only", nargs="+", default=["embedded", "sqlite", "postgres"],
+                        choices=["embedded", "sqlite", "postgres"], help="scenarios to run")
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL,
+                        help="server on which a fleet_bench_<random> database is created")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    if args.commands < 1:
+        parser.error("--commands must be positive")
+    if args.naive_commands is None:
+        args.naive_commands = max(20, args.commands // 10)
+    args.naive_commands = min(args.naive_commands, args.commands)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    configure_logging("WARNING")
+    results = Results()
+
+    def progress(message: str) -> None:
+        print(f"... {message}", file=sys.stderr, flush=True)
+
+    started = time.monotonic()
+    run_all(args, results, progress)
+    if args.json:
+        print(json.dumps(results.as_json(args.commands, args.naive_commands,
+                                         Settings.from_env().batch_size), indent=2))
+        return
+    print(f"decision throughput (seed {SEED}, batch size {Settings.from_env().batch_size}, "
+          f"{args.commands:,} commands batched, {args.naive_commands:,} naive; "
+          f"took {time.monotonic() - started:.0f}s)")
+    print(results.table())
+    print("naive runs use fewer commands; every rate is per command, so the ratios compare like with"
+          " like.\nx naive: against the naive run on the same store (same workers if measured,"
+          " else 1).\nfloor: one bulk insert of the batched run's own stored rows"
+          " (2 rows per decision) into an empty log.")
+    for goal, met in results.goals():
+        print(f"goal: {goal}: {'not measured' if met is None else 'met' if met else 'MISSED'}")
+    for skipped in results.skipped:
+        print(f"skipped: {skipped}")
+
+
+if __name__ == "__main__":
+    main()

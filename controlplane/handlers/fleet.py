@@ -1,0 +1,158 @@
+"""Inventory, model and policy handlers: the facts placement decides on."""
+
+from __future__ import annotations
+
+from controlplane.catalog.errors import CatalogError
+from controlplane.catalog.registry import load_catalog
+from controlplane.catalog.sizing import model_memory
+from controlplane.commands.base import CommandBase
+from controlplane.commands.fleet import CordonNode, DrainNode, RegisterModel, RegisterNode, SetPolicy
+from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
+from controlplane.errors import InputError
+from controlplane.handlers.base import Handler, Precheck
+from controlplane.handlers.placement import release_events
+from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
+from controlplane.policy_book import validate_parameters
+from controlplane.state.fleet import (
+    MODEL,
+    MODEL_REGISTERED,
+    NODE,
+    NODE_CORDONED,
+    NODE_REGISTERED,
+    POLICY_SET,
+    REPLICA,
+)
+from events.model import StreamAppend
+from events.projections import StateView
+
+
+def handle_register_node(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    """Record a node and its GPUs; a node id is registered once."""
+    assert isinstance(command, RegisterNode)
+    stream = f"node/{command.node_id}"
+    if ctx.state.get(NODE, command.node_id) is not None:
+        return rejection(command, ctx, PolicyInputError(
+            "node_already_registered", "node_id", f"node {command.node_id} is already registered"),
+            stream)
+    node = {"node_id": command.node_id, "rack": command.rack,
+            "link_domain": command.link_domain or command.node_id,
+            "gpus": [gpu.model_dump() for gpu in command.gpus]}
+    reason = Reason("node_registered", f"node {command.node_id} joins with {len(command.gpus)} GPU(s)",
+                    {"gpus": len(command.gpus),
+                     "memory_gib": sum(gpu.memory_gib for gpu in command.gpus)})
+    data = decision_data(outcome="registered", reasons=[reason], result=node, policy=None,
+                         inputs=command.payload(), ctx=ctx)
+    return [append_to(stream, ctx, new_event(command, ctx, "decision", NODE_REGISTERED, data))]
+
+
+def handle_cordon_node(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    """Cordon a node: no new replica lands on it."""
+    assert isinstance(command, CordonNode)
+    reason = Reason("node_cordoned", f"node {command.node_id} takes no new replicas",
+                    {"operator_reason": command.reason})
+    data = decision_data(outcome="cordoned", reasons=[reason], result={"node_id": command.node_id},
+                         policy=None, inputs=command.payload(), ctx=ctx)
+    return [append_to(f"node/{command.node_id}", ctx,
+                      new_event(command, ctx, "decision", NODE_CORDONED, data))]
+
+
+def handle_drain_node(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    """Cordon a node and release every live replica on it, in one transaction."""
+    assert isinstance(command, DrainNode)
+    node = ctx.state.get(NODE, command.node_id) or {"gpus": {}}
+    replicas = sorted({gpu["reserved_by"] for gpu in node["gpus"].values() if gpu["reserved_by"]})
+    reason = Reason("node_drained", f"node {command.node_id} cordoned; {len(replicas)} replica(s) released",
+                    {"released_replicas": replicas, "operator_reason": command.reason})
+    data = decision_data(outcome="drained", reasons=[reason],
+                         result={"node_id": command.node_id, "released_replicas": replicas},
+                         policy=None, inputs=command.payload(), ctx=ctx)
+    decision = new_event(command, ctx, "decision", NODE_CORDONED, data)
+    appends = [append_to(f"node/{command.node_id}", ctx, decision)]
+    for replica_id in replicas:
+        replica = ctx.state.get(REPLICA, replica_id)
+        if replica is not None:
+            appends = _merge(appends, release_events(command, ctx, replica, "node_drained",
+                                                     decision.event_id))
+    return appends
+
+
+def _merge(appends: list[StreamAppend], more: list[StreamAppend]) -> list[StreamAppend]:
+    """Combine appends so each stream appears once, at the version first read."""
+    merged: dict[str, StreamAppend] = {a.stream_id: a for a in appends}
+    for extra in more:
+        if extra.stream_id in merged:
+            base = merged[extra.stream_id]
+            merged[extra.stream_id] = StreamAppend(base.stream_id, base.expected_version,
+                                                   [*base.events, *extra.events])
+        else:
+            merged[extra.stream_id] = extra
+    return list(merged.values())
+
+
+def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    """Record a model's memory architecture, resolved from the catalog or as declared."""
+    assert isinstance(command, RegisterModel)
+    if ctx.state.get(MODEL, command.model_id) is not None:
+        return rejection(command, ctx, PolicyInputError(
+            "model_already_registered", "model_id", f"model {command.model_id} already registered"),
+            "catalog")
+    if command.memory is not None:
+        memory = command.memory.model_dump()
+        source = "declared"
+    else:
+        try:
+            entry = load_catalog().model(command.catalog_id or "")
+        except CatalogError as error:
+            return rejection(command, ctx, error, "catalog")
+        memory = to_plain(model_memory(entry.architecture, entry.parameters.total,
+                                       command.weight_bits, 2))
+        source = f"catalog:{entry.model_id}"
+    model = {"model_id": command.model_id, "source": source, "memory": memory}
+    reason = Reason("model_registered", f"model {command.model_id} registered from {source}",
+                    {"parameters": memory["parameters"], "layers": memory["layers"]})
+    data = decision_data(outcome="registered", reasons=[reason], result=model, policy=None,
+                         inputs=command.payload(), ctx=ctx)
+    return [append_to("catalog", ctx, new_event(command, ctx, "decision", MODEL_REGISTERED, data))]
+
+
+def handle_set_policy(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    """A new version of a policy; decisions after it record the version they used."""
+    assert isinstance(command, SetPolicy)
+    stream = f"policy/{command.name}"
+    version = ctx.stream_version(stream) + 1
+    parameters = validate_parameters(command.name, command.parameters)
+    reason = Reason("policy_version_set", f"{command.name} policy version {version}",
+                    {"version": version})
+    data = decision_data(outcome="set", reasons=[reason],
+                         result={"name": command.name, "version": version, "parameters": parameters},
+                         policy=None, inputs=command.payload(), ctx=ctx)
+    return [append_to(stream, ctx, new_event(command, ctx, "decision", POLICY_SET, data))]
+
+
+def precheck_set_policy(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
+    assert isinstance(command, SetPolicy)
+    try:
+        validate_parameters(command.name, command.parameters)
+    except InputError as error:
+        return [("parameters", str(error))]
+    return []
+
+
+def precheck_register_node(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
+    assert isinstance(command, RegisterNode)
+    if state.get(NODE, command.node_id) is not None:
+        return [("node_id", f"node {command.node_id!r} is already registered")]
+    return []
+
+
+HANDLERS: dict[str, Handler] = {
+    "RegisterNode": handle_register_node,
+    "CordonNode": handle_cordon_node,
+    "DrainNode": handle_drain_node,
+    "RegisterModel": handle_register_model,
+    "SetPolicy": handle_set_policy,
+}
+PRECHECKS: dict[str, Precheck] = {
+    "SetPolicy": precheck_set_policy,
+    "RegisterNode": precheck_register_node,
+}
