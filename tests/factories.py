@@ -32,3 +32,28 @@ def event(slot: str, data: dict[str, Any] | None = None, command_id: str = "cmd"
     return NewEvent(event_id=derived_event_id(command_id, slot), event_type="Tested",
                     data=data if data is not None else {"slot": slot},
                     occurred_at="2026-11-30T12:00:00Z", command_id=command_id)
+
+
+def register_node(node_id: str, gpus: int = 4, memory_gib: float = 80.0, rack: str = "rack-0",
+                  capabilities: tuple[str, ...] = ("bf16",)) -> dict[str, Any]:
+    return {"type": "RegisterNode", "command_id": f"register-{node_id}", "node_id": node_id,
+            "rack": rack, "at": "2026-11-30T12:00:00Z",
+            "gpus": [{"gpu_id": f"g{i}", "gpu_type": "H100-SXM-80GB", "memory_gib": memory_gib,
+                      "capabilities": list(capabilities)} for i in range(gpus)]}
+
+
+def register_model(model_id: str = "llama-8b", catalog_id: str = "meta-llama/Llama-3.1-8B") \
+        -> dict[str, Any]:
+    return {"type": "RegisterModel", "command_id": f"model-{model_id}", "model_id": model_id,
+            "catalog_id": catalog_id, "at": "2026-11-30T12:00:00Z"}
+
+
+def place_replica(replica_id: str, model_id: str = "llama-8b", pool_id: str = "chat",
+                  tp: int | None = 1, **extra: Any) -> dict[str, Any]:
+    payload = {"type": "PlaceReplica", "command_id": f"place-{replica_id}",
+               "replica_id": replica_id, "model_id": model_id, "pool_id": pool_id,
+               "max_live_tokens_per_request": 4_096, "target_concurrency": 4,
+               "at": "2026-11-30T12:00:00Z", **extra}
+    if tp is not None:
+        payload["tensor_parallel_size"] = tp
+    return payload

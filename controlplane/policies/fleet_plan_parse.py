@@ -1,0 +1,185 @@
+"""Plain JSON data to a `Scenario`, refusing anything malformed with the offending field's path.
+
+The parser is driven by the dataclasses' own type hints, so the JSON shape is exactly what
+`to_plain(scenario)` produces and the round trip is the identity: fields are named as in the
+dataclasses, omitted fields take their declared defaults, unknown fields are refused, integers
+must be integers, numbers must be finite, and a number given for a float field becomes a float
+(so `40` and `40.0` bind to the same digest).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import MISSING, fields, is_dataclass
+from enum import Enum
+from functools import cache
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from controlplane.policies.admission import AdmissionAction
+from controlplane.policies.fleet_plan_scenario import (
+    CONTROL_EVIDENCE,
+    EVIDENCE_SOURCES,
+    ObservedAt,
+    Scenario,
+)
+from controlplane.policies.reasons import PolicyInputError, require
+
+_OVERRIDE_ACTIONS = (AdmissionAction.ADMIT, AdmissionAction.QUEUE, AdmissionAction.SHED)
+
+
+def parse_scenario_structure(plain: object) -> Scenario:
+    """Build a scenario from plain data and check its own rules; policy ranges are not checked."""
+    scenario = _parse(plain, Scenario, "")
+    check_scenario(scenario)
+    assert isinstance(scenario, Scenario)
+    return scenario
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _parse(value: object, hint: Any, path: str) -> Any:
+    if isinstance(hint, type) and is_dataclass(hint):
+        return _parse_dataclass(value, hint, path)
+    origin = get_origin(hint)
+    if origin in (UnionType, Union):
+        options = get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        (inner,) = [option for option in options if option is not type(None)]
+        return _parse(value, inner, path)
+    if origin in (tuple, frozenset):
+        require(isinstance(value, list), "wrong_type", path, f"{path} must be a list")
+        assert isinstance(value, list)
+        items = [_parse(item, get_args(hint)[0], f"{path}[{index}]")
+                 for index, item in enumerate(value)]
+        if origin is tuple:
+            return tuple(items)
+        require(len(set(items)) == len(items), "duplicate_entry", path,
+                f"{path} lists an entry twice")
+        return frozenset(items)
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        choices = [member.value for member in hint]
+        require(isinstance(value, str) and value in choices, "invalid_choice", path,
+                f"{path} must be one of {', '.join(choices)}")
+        return hint(value)
+    return _parse_scalar(value, hint, path)
+
+
+def _parse_scalar(value: object, hint: Any, path: str) -> Any:
+    if hint is bool:
+        require(isinstance(value, bool), "wrong_type", path, f"{path} must be true or false")
+        return value
+    if hint is str:
+        require(isinstance(value, str), "wrong_type", path, f"{path} must be a string")
+        return value
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        require(is_number and isinstance(value, int), "wrong_type", path,
+                f"{path} must be an integer")
+        return value
+    if hint is float:
+        require(is_number, "wrong_type", path, f"{path} must be a number")
+        assert isinstance(value, (int, float))
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        require(math.isfinite(number), "not_finite", path, f"{path} must be a finite number")
+        return number
+    raise TypeError(f"the scenario parser does not support {hint!r} at {path}")
+
+
+def _parse_dataclass(value: object, cls: type, path: str) -> Any:
+    where = path or "scenario"
+    require(isinstance(value, Mapping), "not_an_object", where, f"{where} must be an object")
+    assert isinstance(value, Mapping)
+    declared = {item.name: item for item in fields(cls)}
+    for key in value:
+        require(isinstance(key, str) and key in declared, "unknown_field", _join(path, str(key)),
+                f"{_join(path, str(key))} is not a field of {cls.__name__}")
+    hints = _hints(cls)
+    arguments: dict[str, Any] = {}
+    for name, declaration in declared.items():
+        if name in value:
+            arguments[name] = _parse(value[name], hints[name], _join(path, name))
+        else:
+            has_default = (declaration.default is not MISSING
+                           or declaration.default_factory is not MISSING)
+            require(has_default, "missing_field", _join(path, name),
+                    f"{_join(path, name)} is required")
+    return cls(**arguments)
+
+
+def _finite_time(value: float, path: str) -> None:
+    require(isinstance(value, (int, float)) and math.isfinite(value), "time_not_finite", path,
+            f"{path} must be a finite time")
+
+
+def check_scenario(scenario: Scenario) -> None:
+    """Refuse a scenario whose own rules fail: blank name, required evidence below the control
+    floor, evidence from the future or with no usable age, clashing probes, stray overrides."""
+    require(bool(scenario.name.strip()), "scenario_name_required", "name",
+            "the scenario must be named")
+    require(all(item.strip() for item in scenario.required_evidence), "evidence_name_blank",
+            "required_evidence", "required evidence names may not be blank")
+    missing = sorted(set(CONTROL_EVIDENCE) - scenario.required_evidence)
+    require(not missing, "required_evidence_below_policy_floor", "required_evidence",
+            f"required evidence must include every control; missing {', '.join(missing)}")
+    _finite_time(scenario.evaluated_at_seconds, "evaluated_at_seconds")
+    for source in EVIDENCE_SOURCES:
+        observed: ObservedAt = getattr(scenario.evidence_times, source)
+        where = f"evidence_times.{source}"
+        _finite_time(observed.observed_at_seconds, f"{where}.observed_at_seconds")
+        require(observed.observed_at_seconds <= scenario.evaluated_at_seconds,
+                "evidence_from_the_future", f"{where}.observed_at_seconds",
+                f"{source} evidence is dated after the evaluation time")
+        age = observed.max_age_seconds
+        require(isinstance(age, (int, float)) and math.isfinite(age) and age > 0,
+                "evidence_max_age_not_positive", f"{where}.max_age_seconds",
+                f"{source} evidence needs a positive, finite maximum age")
+    probe_ids = (scenario.benign_probe.request.identifier,
+                 scenario.oversize_probe.request.identifier)
+    require(probe_ids[0] != probe_ids[1], "admission_probe_ids_not_distinct",
+            "oversize_probe.request.identifier", "the two admission probes need distinct ids")
+    seen: set[str] = set()
+    for index, override in enumerate(scenario.test_stimulus_admission_overrides):
+        where = f"test_stimulus_admission_overrides[{index}]"
+        require(override.request_id in probe_ids, "admission_override_unknown_request",
+                f"{where}.request_id", "an override must name one of the admission probes")
+        require(override.request_id not in seen, "duplicate_entry", f"{where}.request_id",
+                "a probe may be overridden once")
+        seen.add(override.request_id)
+        require(override.action in _OVERRIDE_ACTIONS, "admission_override_action_invalid",
+                f"{where}.action", "an override may only admit, queue or shed")
+        require(isinstance(override.reserved_tokens, int) and override.reserved_tokens >= 0,
+                "admission_override_tokens_negative", f"{where}.reserved_tokens",
+                "reserved tokens may not be negative")
+        require(bool(override.note.strip()), "admission_override_note_required",
+                f"{where}.note", "a test stimulus must say why it exists")
+
+
+def relocate_error(error: PolicyInputError, sections: tuple[tuple[object, str], ...]
+                   ) -> PolicyInputError:
+    """The same error with its field re-rooted at the scenario section that supplied it.
+
+    Each section is (a field-path prefix the policy uses, or the input dataclass whose field it
+    names, the scenario path); the first that matches wins, and an unmatched field is kept.
+    """
+    head = error.field.split(".")[0].split("[")[0]
+    for source, target in sections:
+        if isinstance(source, str):
+            if error.field == source or error.field.startswith((f"{source}.", f"{source}[")):
+                field = target + error.field[len(source):]
+                return PolicyInputError(error.code, field, error.message)
+        elif isinstance(source, type) and head in {item.name for item in fields(source)}:
+            return PolicyInputError(error.code, _join(target, error.field), error.message)
+    return error

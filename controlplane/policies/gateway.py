@@ -1,0 +1,217 @@
+"""The inference gateway's vocabulary: what its six steps read and what they decide (gateway spec §3).
+
+Every input is a frozen dataclass built from folded state; every step answers with a
+`StepVerdict` whose reasons carry stable codes and the deciding facts. Nothing here reads a clock,
+a store or a provider.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from controlplane.policies.memory import ModelMemory
+from controlplane.policies.reasons import Reason, require
+
+
+class NetworkPolicy(str, Enum):
+    """A tenant's network boundary; `private_only` is the stricter of the two."""
+
+    PRIVATE_ONLY = "private_only"
+    HOSTED_ALLOWED = "hosted_allowed"
+
+
+class NetworkPreference(str, Enum):
+    """A caller's hint; it may tighten the tenant's policy, never loosen it."""
+
+    PRIVATE = "private"
+    HOSTED = "hosted"
+
+
+class Step(str, Enum):
+    """Where in the pipeline a decision was made (spec §1 and the audit `step`)."""
+
+    AUTHORISE = "authorise"
+    SELECT = "select"
+    BOUND = "bound"
+    RESERVE = "reserve"
+    EXECUTE = "execute"
+    PERSIST = "persist"
+    REPLAY = "replay"
+
+
+class AdapterKind(str, Enum):
+    HOSTED = "hosted"
+    SELF_HOSTED = "self_hosted"
+
+
+class GateStatus(str, Enum):
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    PENDING = "pending"
+
+
+class OperationState(str, Enum):
+    """The durable operation's states (spec §4); `dispatching` means "may have reached a provider"."""
+
+    RESERVED = "reserved"
+    DISPATCHING = "dispatching"
+    COMPLETED = "completed"
+    UNKNOWN = "unknown"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Tenant:
+    tenant_id: str
+    network_policy: NetworkPolicy
+    budget_id: str
+    # None: every capability the profile offers; otherwise the tenant's allow-list.
+    allowed_capabilities: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class Principal:
+    principal_id: str
+    tenant_id: str
+    active: bool
+
+
+@dataclass(frozen=True)
+class SourceRef:
+    """One piece of evidence: a source at a version."""
+
+    source_ref: str
+    version: int
+
+
+@dataclass(frozen=True)
+class Source:
+    """An evidence document's current status; `readers` empty means "its tenant's principals"."""
+
+    source_ref: str
+    tenant_id: str
+    current_version: int
+    active: bool
+    readers: frozenset[str] = frozenset()
+
+    def readable_by(self, principal: Principal) -> bool:
+        """True when `principal` may read this source now."""
+        if self.readers:
+            return principal.principal_id in self.readers
+        return principal.tenant_id == self.tenant_id
+
+
+@dataclass(frozen=True)
+class ReleaseBundle:
+    """An immutable release: the profile it serves and the evidence it was built on."""
+
+    release_id: str
+    profile_id: str
+    gate_status: GateStatus
+    source_refs: tuple[SourceRef, ...] = ()
+    profile_digest: str | None = None
+
+
+@dataclass(frozen=True)
+class ReleasePointer:
+    pointer_name: str
+    tenant_id: str
+    release_id: str
+    version: int
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A trusted profile; `input_limit_tokens` None means the context window minus one."""
+
+    profile_id: str
+    model_id: str
+    digest: str
+    approved: bool
+    context_window_tokens: int
+    max_output_tokens: int
+    capabilities: frozenset[str]
+    approved_providers: frozenset[str]
+    input_limit_tokens: int | None = None
+    memory: ModelMemory | None = None
+
+    @property
+    def effective_input_limit_tokens(self) -> int:
+        if self.input_limit_tokens is not None:
+            return self.input_limit_tokens
+        return self.context_window_tokens - 1
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """How a self-hosted route's fleet pool lays one replica out (configuration until fleet state lands)."""
+
+    gpu_memory_gib: float
+    tensor_parallel_size: int
+    max_concurrent_sequences: int
+    usable_fraction: float = 0.90
+    runtime_overhead_gib: float = 0.0
+
+
+@dataclass(frozen=True)
+class Route:
+    """A way to serve a profile: a hosted provider, or a self-hosted fleet pool."""
+
+    route_id: str
+    adapter_kind: AdapterKind
+    provider: str
+    private: bool
+    approved: bool
+    ready: bool
+    compatible_profiles: frozenset[str]
+    pool: str | None = None
+    gpu_plan: GpuPlan | None = None
+
+
+@dataclass(frozen=True)
+class DispatchRequest:
+    """What a caller asked for; `tenant_id` is the tenant the caller claims."""
+
+    tenant_id: str
+    principal_id: str
+    idempotency_key: str
+    pointer_name: str
+    input_text: str
+    max_output_tokens: int | None = None
+    capabilities_requested: frozenset[str] = frozenset()
+    network_preference: NetworkPreference | None = None
+    source_refs: tuple[SourceRef, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepVerdict:
+    """One step's decision: allowed, or denied with one reason per failing gate (first = the code)."""
+
+    step: Step
+    allowed: bool
+    reasons: tuple[Reason, ...]
+
+    @property
+    def outcome(self) -> str:
+        return "allow" if self.allowed else "deny"
+
+    @property
+    def code(self) -> str:
+        return self.reasons[0].code if self.reasons else ""
+
+
+def allow(step: Step, code: str, message: str, **facts: object) -> StepVerdict:
+    """An allowing verdict with one reason."""
+    return StepVerdict(step, True, (Reason(code, message, facts),))
+
+
+def deny(step: Step, reasons: list[Reason]) -> StepVerdict:
+    """A denying verdict; `reasons` must name at least one failing gate."""
+    require(bool(reasons), "denial_without_reason", "reasons", "a denial needs a reason")
+    return StepVerdict(step, False, tuple(reasons))
+
+
+def count_input_tokens(input_text: str) -> int:
+    """Tokens under the stand-in counting rule: whitespace-separated words (spec §5.1 step 5)."""
+    return len(input_text.split())
