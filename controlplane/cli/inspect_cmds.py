@@ -8,26 +8,13 @@ import click
 
 from controlplane.cli.context import settings_and_store
 from controlplane.cli.output import emit, table
+from controlplane.cli.status_view import render_status
 from controlplane.explain import explain_id
 from controlplane.replay import state_at
-from controlplane.state.fold import MEMORY_FIT, PENDING
 from events.projections import load_all
 from events.verify import verify_chain
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-
-
-def _render_status(report: dict[str, Any]) -> str:
-    lines = [f"log position {report['position']}; "
-             f"{len(report['projections'].get(PENDING, {}))} command(s) awaiting a decision"]
-    fits = report["projections"].get(MEMORY_FIT, {})
-    if fits:
-        rows = [[name, "yes" if row["fits"] else "no", row["required_gib_per_gpu"],
-                 row["usable_gib_per_gpu"], row["max_concurrency"]]
-                for name, row in fits.items()]
-        lines += ["", "memory fit", table(["model", "fits", "required GiB/GPU",
-                                           "usable GiB/GPU", "max concurrency"], rows)]
-    return "\n".join(lines)
 
 
 @click.command()
@@ -45,7 +32,7 @@ def status(at_position: int | None, as_json: bool) -> None:
     else:
         position = min(at_position, head)
         projections = state_at(store, position).snapshot()
-    emit({"position": position, "projections": projections}, as_json, _render_status)
+    emit({"position": position, "projections": projections}, as_json, render_status)
 
 
 @click.command("log")

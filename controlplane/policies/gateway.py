@@ -8,27 +8,27 @@ a store or a provider.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from controlplane.policies.memory import ModelMemory
 from controlplane.policies.reasons import Reason, require
 
 
-class NetworkPolicy(str, Enum):
+class NetworkPolicy(StrEnum):
     """A tenant's network boundary; `private_only` is the stricter of the two."""
 
     PRIVATE_ONLY = "private_only"
     HOSTED_ALLOWED = "hosted_allowed"
 
 
-class NetworkPreference(str, Enum):
+class NetworkPreference(StrEnum):
     """A caller's hint; it may tighten the tenant's policy, never loosen it."""
 
     PRIVATE = "private"
     HOSTED = "hosted"
 
 
-class Step(str, Enum):
+class Step(StrEnum):
     """Where in the pipeline a decision was made (spec §1 and the audit `step`)."""
 
     AUTHORISE = "authorise"
@@ -40,18 +40,18 @@ class Step(str, Enum):
     REPLAY = "replay"
 
 
-class AdapterKind(str, Enum):
+class AdapterKind(StrEnum):
     HOSTED = "hosted"
     SELF_HOSTED = "self_hosted"
 
 
-class GateStatus(str, Enum):
+class GateStatus(StrEnum):
     APPROVED = "approved"
     REJECTED = "rejected"
     PENDING = "pending"
 
 
-class OperationState(str, Enum):
+class OperationState(StrEnum):
     """The durable operation's states (spec §4); `dispatching` means "may have reached a provider"."""
 
     RESERVED = "reserved"
