@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controlplane.errors import InputError
+from controlplane.gateway.parameters import GatewayParameters
 from events.projections import StateView
 
 
@@ -28,7 +29,68 @@ class PlacementPolicy(BaseModel):
     max_tensor_parallel: Annotated[int, Field(strict=True, gt=0, le=64)] = 8
 
 
-POLICY_MODELS: dict[str, type[BaseModel]] = {"memory": MemoryPolicy, "placement": PlacementPolicy}
+class AdmissionParameters(BaseModel):
+    """Parameters of request admission; the live-token budget itself comes from ready replicas."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # The share of the pool's ready KV capacity that admission may reserve (headroom below 1).
+    live_token_budget_fraction: Annotated[float, Field(strict=True, gt=0, le=1)] = 1.0
+    max_queued_requests: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 64
+    max_tokens_per_request: Annotated[int, Field(strict=True, gt=0, le=100_000_000)] = 131_072
+    record_ttl_seconds: Annotated[float, Field(strict=True, gt=0, le=31_536_000)] = 3_600.0
+
+
+class AutoscalingParameters(BaseModel):
+    """Parameters of the token-demand autoscaler (spec 1.10)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    min_replicas: Annotated[int, Field(strict=True, gt=0, le=10_000)] = 1
+    max_replicas: Annotated[int, Field(strict=True, gt=0, le=10_000)] = 8
+    service_tokens_per_second_per_replica: Annotated[float, Field(strict=True, gt=0, le=1e9)] = 350.0
+    target_utilization: Annotated[float, Field(strict=True, gt=0, le=1)] = 0.75
+    queue_drain_seconds: Annotated[float, Field(strict=True, gt=0, le=86_400)] = 30.0
+    scale_up_cooldown_seconds: Annotated[float, Field(strict=True, ge=0, le=86_400)] = 60.0
+    scale_down_stabilization_seconds: Annotated[float, Field(strict=True, ge=0, le=86_400)] = 300.0
+    max_window_observations: Annotated[int, Field(strict=True, gt=0, le=10_000)] = 256
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingParameters:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max_replicas may not be below min_replicas")
+        return self
+
+
+class RolloutParameters(BaseModel):
+    """Default release requirements and canary ladder, used when a rollout declares none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    min_sample_count: Annotated[int, Field(strict=True, gt=0, le=1_000_000_000)] = 500
+    min_quality_score: Annotated[float, Field(strict=True, ge=0, le=1e6)] = 0.85
+    max_quality_drop: Annotated[float, Field(strict=True, ge=0, le=1e6)] = 0.03
+    max_p95_ttft_seconds: Annotated[float, Field(strict=True, ge=0, le=3_600)] = 1.0
+    max_p95_tpot_seconds: Annotated[float, Field(strict=True, ge=0, le=3_600)] = 0.15
+    min_relative_throughput: Annotated[float, Field(strict=True, ge=0, le=1e6)] = 0.95
+    max_error_rate: Annotated[float, Field(strict=True, ge=0, le=1e6)] = 0.01
+    canary_traffic_percents: Annotated[list[Annotated[float, Field(strict=True, gt=0, lt=100)]],
+                                       Field(min_length=1, max_length=20)] = [1.0, 10.0]
+    speculation_minimum_speedup: Annotated[float, Field(strict=True, gt=0, le=1_000)] = 1.0
+    required_gates: Annotated[list[Literal["quantization", "speculation"]], Field(max_length=2)] = []
+
+    @model_validator(mode="after")
+    def _increasing(self) -> RolloutParameters:
+        steps = self.canary_traffic_percents
+        if any(a >= b for a, b in zip(steps, steps[1:], strict=False)):
+            raise ValueError("canary_traffic_percents must increase")
+        if len(set(self.required_gates)) != len(self.required_gates):
+            raise ValueError("required_gates must not repeat")
+        return self
+
+
+POLICY_MODELS: dict[str, type[BaseModel]] = {"memory": MemoryPolicy, "placement": PlacementPolicy,
+                                             "admission": AdmissionParameters,
+                                             "autoscaling": AutoscalingParameters,
+                                             "rollout": RolloutParameters,
+                                             "gateway": GatewayParameters}
 POLICY_PROJECTION = "policy"
 
 

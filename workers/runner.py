@@ -23,6 +23,24 @@ from workers.queue import command_queue
 log = structlog.get_logger(__name__)
 
 
+class _ToleratesEmbeddedRedis:
+    """The embedded fake Redis answers CLIENT INFO in a shape redis-py cannot parse."""
+
+    def _set_ip_address(self, connection: Redis) -> None:
+        try:
+            super()._set_ip_address(connection)  # type: ignore[misc]
+        except ValueError:
+            self.ip_address = "unknown"
+
+
+class FleetWorker(_ToleratesEmbeddedRedis, Worker):
+    """A forking RQ worker: each job runs in a child the worker outlives."""
+
+
+class FleetSimpleWorker(_ToleratesEmbeddedRedis, SimpleWorker):
+    """An in-process RQ worker, for the embedded fake Redis."""
+
+
 def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
          max_jobs: int | None = None) -> bool:
     """Run one worker until the queues are empty (burst) or forever; True if it did any job.
@@ -30,7 +48,7 @@ def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
     Forking workers run each job in a child process, so a job killed mid-batch never takes the
     worker with it; the in-process worker serves the embedded fake Redis, which is per process.
     """
-    worker_class = Worker if forking else SimpleWorker
+    worker_class: type[Worker] | type[SimpleWorker] = FleetWorker if forking else FleetSimpleWorker
     worker = worker_class([command_queue(connection, name) for name in queues],
                           connection=connection, serializer=JSONSerializer)
     return bool(worker.work(burst=burst, max_jobs=max_jobs, logging_level="WARNING"))
@@ -48,6 +66,9 @@ class EmbeddedRedisServer:
     def __init__(self, port: int = 0) -> None:
         self.port = port or free_loopback_port()
         self.server = TcpFakeServer(("127.0.0.1", self.port), server_type="redis")
+        # A connection thread may outlive its client; it must never hold `up` open at exit.
+        self.server.daemon_threads = True
+        self.server.block_on_close = False
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property

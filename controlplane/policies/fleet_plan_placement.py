@@ -20,7 +20,7 @@ from controlplane.policies.placement import (
     PlacementRequest,
     place_replica,
 )
-from controlplane.policies.reasons import Reason
+from controlplane.policies.reasons import Reason, require
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ def place_fleet(*, model_revision: str, gpus_per_replica: int, memory_gib_per_gp
                 required_capabilities: frozenset[str], inventory: Sequence[GPU],
                 requested_replicas: int, mode: PlacementMode) -> FleetPlacement:
     """Place `requested_replicas` node-local replicas in order, never reusing a GPU."""
+    require(requested_replicas > 0, "requested_replicas_not_positive", "requested_replicas",
+            "at least one replica must be requested")
     current = tuple(inventory)
     attempts: list[ReplicaPlacement] = []
     reserved: list[str] = []

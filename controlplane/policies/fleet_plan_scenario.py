@@ -84,7 +84,8 @@ class AdmissionOverride:
 @dataclass(frozen=True)
 class AutoscalingProbe:
     """The one observation's non-derived parts (its arrival rate is the capacity plan's output
-    tokens per second) and the controller's policy; desired = ready = required replicas."""
+    tokens per second) and the controller's policy; desired = ready = required replicas, and the
+    decision is made at the scenario's `evaluated_at_seconds`."""
 
     observation_timestamp_seconds: float
     queued_tokens: int

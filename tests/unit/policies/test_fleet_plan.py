@@ -212,12 +212,12 @@ def test_dropping_generation_resizes_to_the_replica_floor() -> None:
     capacity = plan.decisions.capacity
     assert (capacity.prompt_tokens_per_second, capacity.output_tokens_per_second,
             capacity.concurrent_requests) == pytest.approx((900.0, 225.0, 4.5))
-    unrounded = {d.dimension: (d.unrounded_replicas, d.required_replicas)
-                 for d in capacity.demands}
-    assert unrounded[CapacityDimension.MINIMUM_REPLICA_FLOOR] == (2.0, 2)
-    assert unrounded[CapacityDimension.PREFILL_TOKENS] == (pytest.approx(1.2), 2)
-    assert unrounded[CapacityDimension.DECODE_TOKENS] == (pytest.approx(225 / 262.5), 1)
-    assert unrounded[CapacityDimension.REQUEST_CONCURRENCY] == (pytest.approx(0.75), 1)
+    unrounded = {d.dimension.value: d.unrounded_replicas for d in capacity.demands}
+    rounded = {d.dimension.value: d.required_replicas for d in capacity.demands}
+    assert unrounded == pytest.approx({"minimum_replica_floor": 2.0, "prefill_tokens": 1.2,
+                                       "decode_tokens": 225 / 262.5, "request_concurrency": 0.75})
+    assert rounded == {"minimum_replica_floor": 2, "prefill_tokens": 2, "decode_tokens": 1,
+                       "request_concurrency": 1}
     assert capacity.required_replicas == 2
     assert capacity.bottleneck is CapacityDimension.MINIMUM_REPLICA_FLOOR
     assert capacity.binding_dimensions == (CapacityDimension.MINIMUM_REPLICA_FLOOR,
@@ -243,9 +243,8 @@ def test_gpus_short_of_the_kv_aware_requirement_are_not_placeable(name: str) -> 
 def test_inventory_between_weights_and_full_requirement_sits_inside_the_kv_gap() -> None:
     scenario = load("fits-weights-not-kv")
     memory = run_plan(scenario).decisions.memory
-    free = {gpu.free_memory_gib for gpu in scenario.inventory}
-    assert free == {pytest.approx(33.3459, abs=1e-4)}
-    (value,) = free
+    (value,) = {gpu.free_memory_gib for gpu in scenario.inventory}
+    assert value == pytest.approx(33.3459, abs=1e-4)
     assert memory.weight_gib_per_gpu + memory.overhead_gib_per_gpu < value
     assert value < memory.required_gib_per_gpu
 
@@ -446,7 +445,7 @@ def test_all_replicas_never_reserves_a_gpu_twice_and_places_what_fits(
         assert all(not g.reserved and g.free_memory_gib >= REQUIRED_GIB for g in group)
     eligible: dict[str, int] = {}
     for gpu in inventory:
-        if not gpu.reserved and FAST <= gpu.capabilities and gpu.free_memory_gib >= REQUIRED_GIB:
+        if not gpu.reserved and gpu.capabilities >= FAST and gpu.free_memory_gib >= REQUIRED_GIB:
             eligible[gpu.node] = eligible.get(gpu.node, 0) + 1
     assert placement.placed_replicas == min(4, sum(n // 2 for n in eligible.values()))
     assert placement.placed is (placement.placed_replicas == 4)

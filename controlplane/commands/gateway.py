@@ -1,0 +1,286 @@
+"""Inference gateway commands: its registries (tenants, principals, evidence, releases, profiles,
+routes, budgets), `Dispatch` and `ReconcileOperation` (gateway spec).
+
+`tenant` on every command is the tenant it acts for: the owner of a principal, source or pointer,
+the caller's claimed tenant on `Dispatch`. Tenant names and idempotency keys exclude "/", so the
+stream `operation/<tenant>/<key>` names exactly one (tenant, key).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StrictBool, field_validator, model_validator
+
+from controlplane.commands.base import (
+    MAX_GPU_MEMORY_GIB,
+    MAX_TOKENS,
+    CommandBase,
+    Fraction,
+    Frozen,
+    Name,
+    NonNegativeFloat,
+    PositiveFloat,
+)
+from controlplane.commands.memory import ModelMemorySpec
+
+TenantName = Annotated[str, Field(min_length=1, max_length=100,
+                                  pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*$")]
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=255,
+                                      pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*$")]
+Capability = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z][a-z0-9_]*$")]
+Digest = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9:._-]*$")]
+Tokens = Annotated[int, Field(strict=True, gt=0, le=MAX_TOKENS)]
+Units = Annotated[int, Field(strict=True, ge=0, le=10**15)]
+NetworkPolicyName = Literal["private_only", "hosted_allowed"]
+MAX_INPUT_CHARACTERS = 4_000_000
+
+
+def _unique(values: list[str], field: str) -> list[str]:
+    if len(set(values)) != len(values):
+        raise ValueError(f"{field} lists a value twice")
+    return values
+
+
+class SourceRefSpec(Frozen):
+    source_ref: Name
+    version: Annotated[int, Field(strict=True, gt=0, le=10**9)]
+
+
+class GpuPlanSpec(Frozen):
+    """One replica of the route's fleet pool (configuration until pool capacity is connected)."""
+
+    gpu_memory_gib: Annotated[float, Field(strict=True, gt=0, le=MAX_GPU_MEMORY_GIB,
+                                           allow_inf_nan=False)]
+    tensor_parallel_size: Annotated[int, Field(strict=True, gt=0, le=1_024)]
+    max_concurrent_sequences: Annotated[int, Field(strict=True, gt=0, le=10_000_000)]
+    usable_fraction: Fraction = 0.90
+    runtime_overhead_gib: Annotated[float, Field(strict=True, ge=0, le=MAX_GPU_MEMORY_GIB,
+                                                 allow_inf_nan=False)] = 0.0
+
+
+class TokenPricesSpec(Frozen):
+    input_price_per_token: NonNegativeFloat
+    output_price_per_token: NonNegativeFloat
+
+
+class ServingEconomicsSpec(Frozen):
+    cost_units_per_hour: NonNegativeFloat
+    busy_requests_per_second: PositiveFloat
+    utilisation: Fraction
+
+
+class _TenantCommand(CommandBase):
+    tenant: TenantName = "default"
+
+
+class RegisterTenant(_TenantCommand):
+    """Register (or re-register) `tenant` with its network policy and shared budget."""
+
+    type: Literal["RegisterTenant"] = "RegisterTenant"
+    network_policy: NetworkPolicyName
+    budget_id: Name
+    allowed_capabilities: Annotated[list[Capability], Field(max_length=64)] | None = None
+
+    def references(self) -> list[tuple[str, str]]:
+        return [("budget_id", f"budget/{self.budget_id}")]
+
+    def creates(self) -> list[str]:
+        return [f"tenant/{self.tenant}"]
+
+
+class SetNetworkPolicy(_TenantCommand):
+    type: Literal["SetNetworkPolicy"] = "SetNetworkPolicy"
+    network_policy: NetworkPolicyName
+
+    def references(self) -> list[tuple[str, str]]:
+        return [("tenant", f"tenant/{self.tenant}")]
+
+
+class RegisterPrincipal(_TenantCommand):
+    type: Literal["RegisterPrincipal"] = "RegisterPrincipal"
+    principal_id: Name
+
+    def references(self) -> list[tuple[str, str]]:
+        return [("tenant", f"tenant/{self.tenant}")]
+
+    def creates(self) -> list[str]:
+        return [f"principal/{self.principal_id}"]
+
+
+class RevokePrincipal(_TenantCommand):
+    type: Literal["RevokePrincipal"] = "RevokePrincipal"
+    principal_id: Name
+
+    def references(self) -> list[tuple[str, str]]:
+        return [("principal_id", f"principal/{self.principal_id}")]
+
+
+class RegisterSource(_TenantCommand):
+    """Register an evidence source owned by `tenant`, or publish its new version."""
+
+    type: Literal["RegisterSource"] = "RegisterSource"
+    source_ref: Name
+    version: Annotated[int, Field(strict=True, gt=0, le=10**9)]
+    readers: Annotated[list[Name], Field(max_length=1_000)] = []
+
+    def references(self) -> list[tuple[str, str]]:
+        return [("tenant", f"tenant/{self.tenant}")]
+
+    def creates(self) -> list[str]:
+        return [f"source/{self.source_ref}"]
+
+
+class RevokeSource(_TenantCommand):
+    type: Literal["RevokeSource"] = "RevokeSource"
+    source_ref: Name
+
+    def references(self) -> list[tuple[str, str]]:
+        return [("source_ref", f"source/{self.source_ref}")]
+
+
+class RestoreSource(_TenantCommand):
+    type: Literal["RestoreSource"] = "RestoreSource"
+    source_ref: Name
+
+    def references(self) -> list[tuple[str, str]]:
+        return [("source_ref", f"source/{self.source_ref}")]
+
+
+class RegisterProfile(CommandBase):
+    """Register (or replace) a profile in the trusted registry."""
+
+    type: Literal["RegisterProfile"] = "RegisterProfile"
+    profile_id: Name
+    model_id: Name
+    digest: Digest
+    approved: StrictBool
+    context_window_tokens: Tokens
+    max_output_tokens: Tokens
+    input_limit_tokens: Tokens | None = None
+    capabilities: Annotated[list[Capability], Field(max_length=64)] = ["text"]
+    approved_providers: Annotated[list[Name], Field(max_length=64)] = []
+    memory: ModelMemorySpec | None = None
+
+    @field_validator("capabilities", "approved_providers")
+    @classmethod
+    def _no_repeats(cls, values: list[str]) -> list[str]:
+        return _unique(values, "the list")
+
+    def creates(self) -> list[str]:
+        return [f"profile/{self.profile_id}"]
+
+
+class ConfigureRoute(CommandBase):
+    """Create or replace a route: a hosted provider, or self-hosted on a named fleet pool."""
+
+    type: Literal["ConfigureRoute"] = "ConfigureRoute"
+    route_id: Name
+    adapter_kind: Literal["hosted", "self_hosted"]
+    provider: Name
+    private: StrictBool
+    approved: StrictBool
+    ready: StrictBool
+    compatible_profiles: Annotated[list[Name], Field(max_length=1_000)] = []
+    pool: Name | None = None
+    gpu_plan: GpuPlanSpec | None = None
+    prices: TokenPricesSpec | None = None
+    economics: ServingEconomicsSpec | None = None
+
+    @model_validator(mode="after")
+    def _pool_matches_kind(self) -> ConfigureRoute:
+        if self.adapter_kind == "self_hosted" and self.pool is None:
+            raise ValueError("a self_hosted route needs the fleet pool it runs on")
+        if self.adapter_kind == "hosted" and (self.pool is not None or self.gpu_plan is not None):
+            raise ValueError("a hosted route has no fleet pool or GPU plan")
+        return self
+
+    def creates(self) -> list[str]:
+        return [f"route/{self.route_id}"]
+
+
+class CreateReleaseBundle(CommandBase):
+    """Create an immutable release bundle with its gate verdict."""
+
+    type: Literal["CreateReleaseBundle"] = "CreateReleaseBundle"
+    release_id: Name
+    profile_id: Name
+    profile_digest: Digest | None = None
+    source_refs: Annotated[list[SourceRefSpec], Field(max_length=1_000)] = []
+    gate_status: Literal["approved", "rejected", "pending"]
+
+    def creates(self) -> list[str]:
+        return [f"release/{self.release_id}"]
+
+
+class MoveReleasePointer(_TenantCommand):
+    """Point `tenant`'s pointer at a release; `expected_version` makes the move compare-and-set."""
+
+    type: Literal["MoveReleasePointer"] = "MoveReleasePointer"
+    pointer_name: Name
+    release_id: Name
+    expected_version: Annotated[int, Field(strict=True, ge=0)] | None = None
+
+    def references(self) -> list[tuple[str, str]]:
+        return [("release_id", f"release/{self.release_id}")]
+
+    def creates(self) -> list[str]:
+        return [f"release-pointer/{self.pointer_name}"]
+
+
+class ConfigureBudget(CommandBase):
+    """Create a budget, or change its limit; several tenants may share one."""
+
+    type: Literal["ConfigureBudget"] = "ConfigureBudget"
+    budget_id: Name
+    limit_units: Units
+
+    def creates(self) -> list[str]:
+        return [f"budget/{self.budget_id}"]
+
+
+class Dispatch(_TenantCommand):
+    """Serve one inference request as a durable operation keyed by (tenant, idempotency_key)."""
+
+    type: Literal["Dispatch"] = "Dispatch"
+    principal_id: Name
+    idempotency_key: IdempotencyKey
+    pointer_name: Name
+    input: Annotated[str, Field(min_length=1, max_length=MAX_INPUT_CHARACTERS)]
+    max_output_tokens: Tokens | None = None
+    capabilities_requested: Annotated[list[Capability], Field(max_length=64)] = []
+    network_preference: Literal["private", "hosted"] | None = None
+    source_refs: Annotated[list[SourceRefSpec], Field(max_length=1_000)] = []
+
+    @field_validator("capabilities_requested")
+    @classmethod
+    def _no_repeats(cls, values: list[str]) -> list[str]:
+        return _unique(values, "capabilities_requested")
+
+
+class ReconcileOperation(_TenantCommand):
+    """Settle an unknown outcome from out-of-band evidence; never calls a provider."""
+
+    type: Literal["ReconcileOperation"] = "ReconcileOperation"
+    idempotency_key: IdempotencyKey
+    resolution: Literal["completed", "not_processed"]
+    evidence_ref: Name
+    answer_text: Annotated[str, Field(min_length=1, max_length=MAX_INPUT_CHARACTERS)] | None = None
+    output_tokens: Annotated[int, Field(strict=True, ge=0, le=MAX_TOKENS)] | None = None
+    note: Annotated[str, Field(max_length=500)] = ""
+
+    @model_validator(mode="after")
+    def _answer_matches_resolution(self) -> ReconcileOperation:
+        completed = self.resolution == "completed"
+        if completed and (self.answer_text is None or self.output_tokens is None):
+            raise ValueError("a completed resolution needs the provider's answer_text and output_tokens")
+        if not completed and (self.answer_text is not None or self.output_tokens is not None):
+            raise ValueError("a not_processed resolution carries no answer")
+        return self
+
+
+COMMANDS: list[type[CommandBase]] = [
+    RegisterTenant, SetNetworkPolicy, RegisterPrincipal, RevokePrincipal, RegisterSource,
+    RevokeSource, RestoreSource, RegisterProfile, ConfigureRoute, CreateReleaseBundle,
+    MoveReleasePointer, ConfigureBudget, Dispatch, ReconcileOperation,
+]

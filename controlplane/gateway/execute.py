@@ -1,0 +1,204 @@
+"""Execute and persist: the effect of `OperationDispatching`, run at most once after it commits.
+
+Guarantee: the adapter is called at most once per operation. The "dispatching" mark is committed
+before this runs and nothing ever runs this again (the service runs effects only for events its own
+call committed). What the call produced is recorded as an observation:
+- a result: the saved answer and the budget settlement in one transaction ("completed");
+- a provable refusal before sending: "failed", the grant released;
+- anything else (timeout after sending, reset, a crash of the adapter): "unknown", grant kept.
+If the final write fails, a smaller write marks the operation unknown (`persist_failed`); if that
+fails too, or the process dies, the operation stays "dispatching", which is just as safe: every
+later request for the key is a replay, and a replay never calls a provider.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from controlplane.decisions import ACCEPTED
+from controlplane.gateway.adapters import (
+    AdapterRequest,
+    AdapterResult,
+    RefusedBeforeSend,
+    adapter_for,
+)
+from controlplane.gateway.fixture_provider import PERSIST_FAULTS, fixture_provider
+from controlplane.gateway.world import budget_of
+from controlplane.policies.gateway_budget import BudgetMovement, release, settle
+from controlplane.policies.gateway_worksheet import hosted_request_cost, self_hosted_allocation
+from controlplane.policies.reasons import Reason, to_plain
+from controlplane.state import gateway as gw
+from controlplane.state.fold import apply_event
+from events.model import NewEvent, RecordedEvent, StreamAppend, derived_event_id
+from events.store import EventStore, LogTransaction
+
+log = structlog.get_logger(__name__)
+EXECUTOR = "gateway-executor"
+
+Build = Callable[[LogTransaction, dict[str, Any]], list[StreamAppend]]
+
+
+class PersistFault(RuntimeError):
+    """The scripted store failure of the final write (fault injection)."""
+
+
+def execute_dispatch(store: EventStore, event: RecordedEvent) -> None:
+    """Call the route's adapter once and record what was observed; never raises."""
+    bound = log.bind(command_id=event.command_id, stream_id=event.stream_id, event_id=event.event_id)
+    try:
+        _execute(store, event)
+    except Exception as error:  # the operation stays "dispatching": unknown, never re-sent
+        bound.error("gateway_outcome_unrecorded", error=repr(error))
+
+
+def _execute(store: EventStore, event: RecordedEvent) -> None:
+    dispatch = event.data["result"]
+    request = _request(store, event, dispatch)
+    try:
+        result = adapter_for(dispatch["adapter_kind"]).call(request)
+    except RefusedBeforeSend as refusal:
+        _record(store, event, _refused(event, str(refusal)))
+        return
+    except Exception as error:  # after a possible send, any failure is an unknown outcome
+        _record(store, event, _unknown(event, "outcome_unknown", type(error).__name__))
+        return
+    fault = fixture_provider().take_fault(PERSIST_FAULTS, request.route_id, request.tenant,
+                                          request.idempotency_key)
+    try:
+        _record(store, event, _completed(event, result), fail=fault is not None)
+    except Exception as error:
+        log.warning("gateway_persist_failed", command_id=event.command_id, error=repr(error))
+        _record(store, event, _unknown(event, "persist_failed", type(error).__name__),
+                fail=fault == "persist_and_mark_fail")
+
+
+def _request(store: EventStore, event: RecordedEvent, dispatch: dict[str, Any]) -> AdapterRequest:
+    accepted = next(e for e in store.events_for_command(event.command_id or "")
+                    if e.event_type == ACCEPTED)
+    return AdapterRequest(
+        operation_id=dispatch["operation_id"], tenant=dispatch["tenant"],
+        idempotency_key=dispatch["idempotency_key"], route_id=dispatch["route_id"],
+        adapter_kind=dispatch["adapter_kind"], provider=dispatch["provider"], pool=dispatch["pool"],
+        model_id=dispatch["model_id"], input_text=accepted.data["command"]["input"],
+        input_tokens=dispatch["input_tokens"], max_output_tokens=dispatch["max_output_tokens"],
+        network_policy=dispatch["network_policy"],
+        provider_idempotency_key=dispatch["provider_idempotency_key"])
+
+
+def _record(store: EventStore, event: RecordedEvent, build: Build, fail: bool = False) -> None:
+    """Append what `build` observed, only while the operation is still "dispatching".
+
+    `fail` injects a store failure after the append and before the commit, so nothing is written.
+    """
+    dispatch = event.data["result"]
+    with store.transaction() as tx:
+        key = gw.operation_key(dispatch["tenant"], dispatch["idempotency_key"])
+        operation = tx.projections.get(gw.OPERATIONS, key)
+        if operation is None or operation["state"] != "dispatching":
+            log.warning("gateway_late_observation_dropped", command_id=event.command_id,
+                        state=operation["state"] if operation else None)
+            return
+        for recorded in tx.append(build(tx, operation)):
+            apply_event(tx.projections, recorded)
+        if fail:
+            raise PersistFault("scripted failure of the final write")
+
+
+def _observation(source: RecordedEvent, tx: LogTransaction, slot: str, event_type: str,
+                 outcome: str, reasons: list[Reason], result: dict[str, Any]) -> NewEvent:
+    data = {"outcome": outcome, "reasons": to_plain(reasons), "result": to_plain(result),
+            "policy": None, "inputs": {}, "read_position": tx.head_position,
+            "causes": [source.event_id], "observed": True}
+    return NewEvent(event_id=derived_event_id(source.command_id or source.event_id, slot),
+                    event_type=event_type, data=data,
+                    occurred_at=datetime.now(UTC).isoformat(timespec="microseconds")
+                    .replace("+00:00", "Z"),
+                    command_id=source.command_id, causation_id=source.event_id,
+                    correlation_id=source.correlation_id, actor=EXECUTOR, tenant=source.tenant)
+
+
+def _identity(operation: dict[str, Any], state: str, outcome_code: str) -> dict[str, Any]:
+    return {"tenant": operation["tenant"], "idempotency_key": operation["idempotency_key"],
+            "operation_id": operation["operation_id"], "state": state, "outcome_code": outcome_code}
+
+
+def _budget_append(source: RecordedEvent, tx: LogTransaction, operation: dict[str, Any],
+                   event_type: str, movement: BudgetMovement) -> StreamAppend:
+    stream = gw.budget_stream(operation["budget_id"])
+    result = {"budget_id": operation["budget_id"], "tenant": operation["tenant"],
+              "idempotency_key": operation["idempotency_key"],
+              "operation_id": operation["operation_id"], "grant_units": movement.grant_units,
+              "committed_units": movement.committed_units, "released_units": movement.released_units,
+              "before": movement.before, "after": movement.after}
+    event = _observation(source, tx, "observed-budget", event_type, movement.outcome,
+                         list(movement.reasons), result)
+    return StreamAppend(stream, tx.stream_version(stream), [event])
+
+
+def _cost(operation: dict[str, Any], tx: LogTransaction, result: AdapterResult) -> dict[str, Any] | None:
+    """The worksheet's cost of this request, when its route is priced."""
+    route = tx.projections.get(gw.REGISTRIES["route"], operation["route_id"]) or {}
+    prices, economics = route.get("prices"), route.get("economics")
+    if prices:
+        cost = hosted_request_cost(result.input_tokens, result.output_tokens,
+                                   prices["input_price_per_token"], prices["output_price_per_token"])
+    elif economics:
+        cost = self_hosted_allocation(economics["cost_units_per_hour"],
+                                      economics["busy_requests_per_second"], economics["utilisation"])
+    else:
+        return None
+    return {"cost_units": cost.cost_units, "basis": cost.outcome}
+
+
+def _completed(source: RecordedEvent, result: AdapterResult) -> Build:
+    def build(tx: LogTransaction, operation: dict[str, Any]) -> list[StreamAppend]:
+        budget = budget_of(tx.projections, operation["budget_id"])
+        assert budget is not None
+        movement = settle(budget, operation["grant_units"], result.input_tokens + result.output_tokens)
+        saved = {**_identity(operation, "completed", "completed"),
+                 "answer": {"text": result.text},
+                 "answer_sha256": hashlib.sha256(result.text.encode("utf-8")).hexdigest(),
+                 "usage": {"input_tokens": result.input_tokens, "output_tokens": result.output_tokens},
+                 "provider_request_id": result.provider_request_id,
+                 "release_id": operation["release_id"], "profile_id": operation["profile_id"],
+                 "route_id": operation["route_id"], "evidence": operation["evidence"],
+                 "cost": _cost(operation, tx, result)}
+        stream = source.stream_id
+        answer = _observation(source, tx, "observed-result", gw.OPERATION_COMPLETED, "completed",
+                              [Reason("answer_saved", "the answer was saved before success was reported",
+                                      {"provider_request_id": result.provider_request_id})], saved)
+        return [StreamAppend(stream, tx.stream_version(stream), [answer]),
+                _budget_append(source, tx, operation, gw.BUDGET_SETTLED, movement)]
+    return build
+
+
+def _unknown(source: RecordedEvent, outcome_code: str, detail: str) -> Build:
+    def build(tx: LogTransaction, operation: dict[str, Any]) -> list[StreamAppend]:
+        reason = Reason(outcome_code, "the provider may have processed the request; it will not be "
+                        "retried and its grant stays reserved",
+                        {"detail": detail, "grant_units": operation["grant_units"]})
+        event = _observation(source, tx, "observed-outcome", gw.OPERATION_OUTCOME_UNKNOWN, outcome_code,
+                             [reason], {**_identity(operation, "unknown", outcome_code),
+                                        "detail": detail})
+        return [StreamAppend(source.stream_id, tx.stream_version(source.stream_id), [event])]
+    return build
+
+
+def _refused(source: RecordedEvent, detail: str) -> Build:
+    def build(tx: LogTransaction, operation: dict[str, Any]) -> list[StreamAppend]:
+        budget = budget_of(tx.projections, operation["budget_id"])
+        assert budget is not None
+        movement = release(budget, operation["grant_units"], "grant_released_refused_before_send")
+        reason = Reason("provider_refused", "the request never left; nothing was processed",
+                        {"detail": detail})
+        event = _observation(source, tx, "observed-outcome", gw.OPERATION_REFUSED, "provider_refused",
+                             [reason], {**_identity(operation, "failed", "provider_refused"),
+                                        "detail": detail})
+        return [StreamAppend(source.stream_id, tx.stream_version(source.stream_id), [event]),
+                _budget_append(source, tx, operation, gw.BUDGET_RELEASED, movement)]
+    return build

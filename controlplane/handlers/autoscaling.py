@@ -1,0 +1,179 @@
+"""Token-demand autoscaling through the log: observe load, decide a target, act on it.
+
+`ObserveLoad` adds observations to the pool's window and asks `recommend_replicas` (spec 1.10)
+for a target with the autoscaling policy in force. Desired capacity is what the pool has asked
+for: ready plus warming replicas plus issued placements not yet decided. The decision's
+consequences are part of it, in the same transaction:
+- a scale-up ISSUES one `PlaceReplica` per missing replica (child command ids
+  `<command_id>:place:<n>`, replica ids `<pool_id>-as<seq>`), shaped like the pool's latest
+  placement; they are decided later, start warming and add no ready capacity until ready;
+- a scale-down releases replicas at once, warming before ready and newest placement first.
+Every consequence is caused by (`causes`, `causation_id`) the `ScaleDecided` event.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from controlplane.commands.base import CommandBase
+from controlplane.commands.fleet import PlaceReplica
+from controlplane.commands.traffic import ObserveLoad, seconds
+from controlplane.decisions import (
+    DecisionContext,
+    append_to,
+    decision_data,
+    issue_command,
+    new_event,
+    rejection,
+)
+from controlplane.handlers.base import Handler
+from controlplane.handlers.fleet import _merge as merge_appends
+from controlplane.handlers.placement import release_events
+from controlplane.policies.autoscaling import (
+    AutoscalingPolicy,
+    ScaleAction,
+    ScaleDecision,
+    ScaleObservation,
+    ScaleState,
+    recommend_replicas,
+)
+from controlplane.policies.reasons import PolicyInputError, Reason
+from controlplane.state.autoscaling import (
+    AUTOSCALER,
+    SCALE_DECIDED,
+    empty_autoscaler,
+    next_window,
+    observation_key,
+)
+from controlplane.state.fleet import POOL, REPLICA
+from events.model import StreamAppend
+
+POLICY_FIELDS = ("min_replicas", "max_replicas", "service_tokens_per_second_per_replica",
+                 "target_utilization", "queue_drain_seconds", "scale_up_cooldown_seconds",
+                 "scale_down_stabilization_seconds")
+MAX_COMMAND_ID = 100
+MAX_NAME = 200
+
+
+def _bounded(text: str, suffix: str, limit: int) -> str:
+    """`text + suffix`, or a digest of `text` in its place when that would exceed `limit`."""
+    if len(text) + len(suffix) <= limit:
+        return text + suffix
+    return hashlib.sha256(text.encode()).hexdigest()[:24] + suffix
+
+
+def _fresh(command: ObserveLoad) -> list[dict[str, Any]]:
+    return [{"timestamp_seconds": seconds(o.observed_at), "queued_tokens": o.queued_tokens,
+             "arrival_tokens_per_second": o.arrival_tokens_per_second}
+            for o in command.observations]
+
+
+def _keep_from(window: list[dict[str, Any]], now: float, stabilization_seconds: float) -> float | None:
+    """The oldest time a later decision can need: the newest observation at or before the
+    stabilisation window's start proves the window is covered."""
+    start = now - stabilization_seconds
+    covering = [o["timestamp_seconds"] for o in window if o["timestamp_seconds"] <= start]
+    return max(covering) if covering else None
+
+
+def _scale_down_order(pool: dict[str, Any], row: dict[str, Any]) -> list[str]:
+    """Warming replicas before ready ones (they serve nothing yet); newest placement first."""
+    def newest_first(ids: dict[str, int]) -> list[str]:
+        return sorted(ids, key=lambda rid: (-row["members"].get(rid, -1), rid))
+    return newest_first(pool["warming"]) + newest_first(pool["ready"])
+
+
+def _placements(command: ObserveLoad, ctx: DecisionContext, row: dict[str, Any],
+                count: int) -> tuple[list[PlaceReplica], int]:
+    """`count` placements shaped like the pool's latest one, and the replica sequence after."""
+    template = row["replica_template"]
+    children: list[PlaceReplica] = []
+    seq = row["replicas_issued"]
+    taken = set(row["pending_placements"])
+    while len(children) < count:
+        seq += 1
+        replica_id = _bounded(command.pool_id, f"-as{seq}", MAX_NAME)
+        if replica_id in taken or ctx.state.get(REPLICA, replica_id) is not None:
+            continue
+        children.append(PlaceReplica(
+            command_id=_bounded(command.command_id, f":place:{len(children) + 1}", MAX_COMMAND_ID),
+            at=command.at, actor="autoscaler", tenant=command.tenant,
+            correlation_id=command.correlation_id or command.command_id,
+            replica_id=replica_id, pool_id=command.pool_id, **template))
+    return children, seq
+
+
+def _state(pool: dict[str, Any], row: dict[str, Any]) -> ScaleState:
+    ready, warming = len(pool["ready"]), len(pool["warming"])
+    return ScaleState(desired_replicas=ready + warming + len(row["pending_placements"]),
+                      ready_replicas=ready, warming_replicas=warming,
+                      last_scale_at_seconds=row["last_scale_at_seconds"] or 0.0)
+
+
+def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    """Decide a replica target from token demand; place or release replicas to reach it."""
+    assert isinstance(command, ObserveLoad)
+    stream = f"autoscaler/{command.pool_id}"
+    policy = ctx.policies.in_force(ctx.state, "autoscaling")
+    parameters = policy.parameters
+    now = seconds(command.at)
+    pool = ctx.state.get(POOL, command.pool_id) or {"ready": {}, "warming": {}}
+    row = ctx.state.get(AUTOSCALER, command.pool_id) or empty_autoscaler(command.pool_id)
+    window = sorted(row["window"] + _fresh(command), key=observation_key)
+    state = _state(pool, row)
+    try:
+        decision = recommend_replicas(
+            [ScaleObservation(o["timestamp_seconds"], o["queued_tokens"],
+                              o["arrival_tokens_per_second"]) for o in window],
+            state, AutoscalingPolicy(**{name: parameters[name] for name in POLICY_FIELDS}), now=now)
+    except PolicyInputError as error:
+        return rejection(command, ctx, error, stream)
+    reasons = list(decision.reasons)
+    to_add = max(0, decision.target_replicas - state.desired_replicas)
+    if to_add and row["replica_template"] is None:
+        reasons.append(Reason("no_replica_template", "the pool has no placed replica to copy",
+                              {"missing_replicas": to_add}))
+        to_add = 0
+    children, issued = _placements(command, ctx, row, to_add)
+    victims = [] if decision.action is not ScaleAction.SCALE_DOWN else \
+        _scale_down_order(pool, row)[:state.desired_replicas - decision.target_replicas]
+    acted = decision.action is not ScaleAction.HOLD
+    result = {**_result(command, decision, state, parameters, window),
+              "placements": [{"replica_id": c.replica_id, "command_id": c.command_id}
+                             for c in children],
+              "releases": victims, "replicas_issued": issued,
+              "last_scale_at_seconds": now if acted else row["last_scale_at_seconds"]}
+    inputs = {"command": command.payload(), "state": state,
+              "window": window, "pool": {"ready": pool["ready"], "warming": pool["warming"]}}
+    data = decision_data(outcome=decision.action.value, reasons=reasons, result=result,
+                         policy=policy, inputs=inputs, ctx=ctx,
+                         causes=[row["last_decision_event_id"]] if row["last_decision_event_id"]
+                         else [])
+    decided = new_event(command, ctx, "decision", SCALE_DECIDED, data)
+    appends = [append_to(stream, ctx, decided)]
+    appends += [issue_command(command, ctx, child, decided.event_id) for child in children]
+    for replica_id in victims:
+        replica = ctx.state.get(REPLICA, replica_id)
+        if replica is not None:
+            appends = merge_appends(appends, release_events(command, ctx, replica, "scaled_down",
+                                                            decided.event_id))
+    return appends
+
+
+def _result(command: ObserveLoad, decision: ScaleDecision, state: ScaleState,
+            parameters: dict[str, Any], window: list[dict[str, Any]]) -> dict[str, Any]:
+    keep_from = _keep_from(window, seconds(command.at), parameters["scale_down_stabilization_seconds"])
+    limit = parameters["max_window_observations"]
+    return {"pool_id": command.pool_id, "action": decision.action.value,
+            "target_replicas": decision.target_replicas,
+            "calculated_demand_replicas": decision.calculated_demand_replicas,
+            "ready_capacity_tokens_per_second": decision.ready_capacity_tokens_per_second,
+            "desired_replicas_before": state.desired_replicas,
+            "desired_replicas_after": decision.target_replicas,
+            "ready_replicas": state.ready_replicas, "warming_replicas": state.warming_replicas,
+            "observations": _fresh(command), "window_keep_from_seconds": keep_from,
+            "window_limit": limit, "window_size_after": len(next_window(window, keep_from, limit))}
+
+
+HANDLERS: dict[str, Handler] = {"ObserveLoad": handle_observe_load}

@@ -1,0 +1,230 @@
+"""Gateway registry handlers: tenants, principals, evidence sources, profiles, routes, releases,
+the release pointer and budgets.
+
+Each decision records the whole new record, so the projection copies it and explain shows it.
+A tenant may only change what it owns; a release bundle never changes; a pointer move with an
+`expected_version` is compare-and-set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.commands.base import CommandBase
+from controlplane.commands.gateway import (
+    ConfigureBudget,
+    ConfigureRoute,
+    CreateReleaseBundle,
+    MoveReleasePointer,
+    RegisterPrincipal,
+    RegisterProfile,
+    RegisterSource,
+    RegisterTenant,
+    RestoreSource,
+    RevokePrincipal,
+    RevokeSource,
+    SetNetworkPolicy,
+)
+from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
+from controlplane.gateway.world import budget_of
+from controlplane.handlers.base import Handler, Precheck
+from controlplane.policies.gateway_budget import reconfigure
+from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
+from controlplane.state import gateway as gw
+from events.model import StreamAppend
+from events.projections import StateView
+
+
+def _record(command: CommandBase, ctx: DecisionContext, kind: str, key: str, event_type: str,
+            record: dict[str, Any], code: str, message: str) -> list[StreamAppend]:
+    # The outcome is the code's verb: "registered", "revoked", "moved"...
+    data = decision_data(outcome=code.rsplit("_", 1)[-1],
+                         reasons=[Reason(code, message, {"kind": kind, "key": key})],
+                         result={"kind": kind, "key": key, "record": record}, policy=None,
+                         inputs=command.payload(), ctx=ctx)
+    return [append_to(f"{kind}/{key}", ctx, new_event(command, ctx, "decision", event_type, data))]
+
+
+def _owned(state: StateView, kind: str, key: str) -> dict[str, Any] | None:
+    row = state.get(gw.REGISTRIES[kind], key)
+    return {k: v for k, v in row.items() if k != "event_id"} if row is not None else None
+
+
+def _refuse(command: CommandBase, ctx: DecisionContext, code: str, field: str, message: str,
+            stream: str) -> list[StreamAppend]:
+    return rejection(command, ctx, PolicyInputError(code, field, message), stream)
+
+
+def handle_register_tenant(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, RegisterTenant)
+    allowed = sorted(command.allowed_capabilities) if command.allowed_capabilities is not None else None
+    record = {"tenant_id": command.tenant, "network_policy": command.network_policy,
+              "budget_id": command.budget_id, "allowed_capabilities": allowed}
+    return _record(command, ctx, "tenant", command.tenant, gw.TENANT_REGISTERED, record,
+                   "tenant_registered", "tenant registered")
+
+
+def handle_set_network_policy(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, SetNetworkPolicy)
+    record = {**(_owned(ctx.state, "tenant", command.tenant) or {}),
+              "network_policy": command.network_policy}
+    return _record(command, ctx, "tenant", command.tenant, gw.NETWORK_POLICY_SET, record,
+                   "network_policy_set", "tenant network policy set")
+
+
+def handle_register_principal(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, RegisterPrincipal)
+    existing = _owned(ctx.state, "principal", command.principal_id)
+    if existing is not None and existing["tenant_id"] != command.tenant:
+        return _refuse(command, ctx, "principal_tenant_conflict", "principal_id",
+                       "the principal belongs to another tenant", f"principal/{command.principal_id}")
+    record = {"principal_id": command.principal_id, "tenant_id": command.tenant, "active": True}
+    return _record(command, ctx, "principal", command.principal_id, gw.PRINCIPAL_REGISTERED, record,
+                   "principal_registered", "principal registered and active")
+
+
+def handle_revoke_principal(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, RevokePrincipal)
+    existing = _owned(ctx.state, "principal", command.principal_id)
+    if existing is None or existing["tenant_id"] != command.tenant:
+        return _refuse(command, ctx, "principal_tenant_mismatch", "principal_id",
+                       "no such principal in this tenant", f"principal/{command.principal_id}")
+    return _record(command, ctx, "principal", command.principal_id, gw.PRINCIPAL_REVOKED,
+                   {**existing, "active": False}, "principal_revoked", "principal revoked")
+
+
+def handle_register_source(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, RegisterSource)
+    stream = f"source/{command.source_ref}"
+    existing = _owned(ctx.state, "source", command.source_ref)
+    if existing is not None and existing["tenant_id"] != command.tenant:
+        return _refuse(command, ctx, "source_tenant_conflict", "source_ref",
+                       "the source belongs to another tenant", stream)
+    if existing is not None and command.version < existing["current_version"]:
+        return _refuse(command, ctx, "source_version_regressed", "version",
+                       "a source version never goes backwards", stream)
+    record = {"source_ref": command.source_ref, "tenant_id": command.tenant,
+              "current_version": command.version,
+              "active": existing["active"] if existing is not None else True,
+              "readers": sorted(set(command.readers))}
+    return _record(command, ctx, "source", command.source_ref, gw.SOURCE_REGISTERED, record,
+                   "source_registered", "evidence source version registered")
+
+
+def _set_source_status(command: RevokeSource | RestoreSource, ctx: DecisionContext, active: bool,
+                       event_type: str, code: str) -> list[StreamAppend]:
+    existing = _owned(ctx.state, "source", command.source_ref)
+    if existing is None or existing["tenant_id"] != command.tenant:
+        return _refuse(command, ctx, "source_tenant_mismatch", "source_ref",
+                       "no such source in this tenant", f"source/{command.source_ref}")
+    return _record(command, ctx, "source", command.source_ref, event_type,
+                   {**existing, "active": active}, code, code.replace("_", " "))
+
+
+def handle_revoke_source(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, RevokeSource)
+    return _set_source_status(command, ctx, False, gw.SOURCE_REVOKED, "source_revoked")
+
+
+def handle_restore_source(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, RestoreSource)
+    return _set_source_status(command, ctx, True, gw.SOURCE_RESTORED, "source_restored")
+
+
+def handle_register_profile(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, RegisterProfile)
+    record = command.model_dump(mode="json", include={
+        "profile_id", "model_id", "digest", "approved", "context_window_tokens",
+        "max_output_tokens", "input_limit_tokens", "memory"})
+    record.update(capabilities=sorted(command.capabilities),
+                  approved_providers=sorted(command.approved_providers))
+    return _record(command, ctx, "profile", command.profile_id, gw.PROFILE_REGISTERED, record,
+                   "profile_registered", "profile registered in the trusted registry")
+
+
+def handle_configure_route(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, ConfigureRoute)
+    record = command.model_dump(mode="json", include={
+        "route_id", "adapter_kind", "provider", "private", "approved", "ready", "pool", "gpu_plan",
+        "prices", "economics"})
+    record["compatible_profiles"] = sorted(set(command.compatible_profiles))
+    return _record(command, ctx, "route", command.route_id, gw.ROUTE_CONFIGURED, record,
+                   "route_configured", "route configured")
+
+
+def handle_create_release_bundle(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, CreateReleaseBundle)
+    if ctx.state.get(gw.REGISTRIES["release"], command.release_id) is not None:
+        return _refuse(command, ctx, "release_bundle_immutable", "release_id",
+                       "a release bundle is never changed; create a new one",
+                       f"release/{command.release_id}")
+    record = command.model_dump(mode="json", include={
+        "release_id", "profile_id", "profile_digest", "source_refs", "gate_status"})
+    return _record(command, ctx, "release", command.release_id, gw.RELEASE_BUNDLE_CREATED, record,
+                   "release_bundle_created", "immutable release bundle created")
+
+
+def handle_move_release_pointer(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, MoveReleasePointer)
+    stream = f"release-pointer/{command.pointer_name}"
+    existing = _owned(ctx.state, "release-pointer", command.pointer_name)
+    if existing is not None and existing["tenant_id"] != command.tenant:
+        return _refuse(command, ctx, "pointer_tenant_mismatch", "pointer_name",
+                       "the pointer belongs to another tenant", stream)
+    version = existing["version"] if existing is not None else 0
+    if command.expected_version is not None and command.expected_version != version:
+        return _refuse(command, ctx, "pointer_version_conflict", "expected_version",
+                       f"the pointer is at version {version}", stream)
+    record = {"pointer_name": command.pointer_name, "tenant_id": command.tenant,
+              "release_id": command.release_id, "version": version + 1,
+              "previous_release_id": existing["release_id"] if existing is not None else None}
+    return _record(command, ctx, "release-pointer", command.pointer_name, gw.RELEASE_POINTER_MOVED,
+                   record, "release_pointer_moved", "release pointer moved")
+
+
+def handle_configure_budget(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, ConfigureBudget)
+    before = budget_of(ctx.state, command.budget_id)
+    after = reconfigure(before, command.budget_id, command.limit_units)
+    reason = Reason("budget_configured", "budget limit set; reservations are kept",
+                    {"limit_units": command.limit_units})
+    data = decision_data(outcome="configured", reasons=[reason],
+                         result={"budget_id": command.budget_id, "before": to_plain(before),
+                                 "after": to_plain(after)},
+                         policy=None, inputs=command.payload(), ctx=ctx)
+    return [append_to(gw.budget_stream(command.budget_id), ctx,
+                      new_event(command, ctx, "decision", gw.BUDGET_CONFIGURED, data))]
+
+
+def _precheck_owner(kind: str, field: str) -> Precheck:
+    def check(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
+        key = str(getattr(command, field))
+        row = state.get(gw.REGISTRIES[kind], key)
+        if row is not None and row["tenant_id"] != command.tenant:
+            return [(field, f"{kind} {key!r} belongs to another tenant")]
+        return []
+    return check
+
+
+HANDLERS: dict[str, Handler] = {
+    "RegisterTenant": handle_register_tenant,
+    "SetNetworkPolicy": handle_set_network_policy,
+    "RegisterPrincipal": handle_register_principal,
+    "RevokePrincipal": handle_revoke_principal,
+    "RegisterSource": handle_register_source,
+    "RevokeSource": handle_revoke_source,
+    "RestoreSource": handle_restore_source,
+    "RegisterProfile": handle_register_profile,
+    "ConfigureRoute": handle_configure_route,
+    "CreateReleaseBundle": handle_create_release_bundle,
+    "MoveReleasePointer": handle_move_release_pointer,
+    "ConfigureBudget": handle_configure_budget,
+}
+PRECHECKS: dict[str, Precheck] = {
+    "RegisterPrincipal": _precheck_owner("principal", "principal_id"),
+    "RevokePrincipal": _precheck_owner("principal", "principal_id"),
+    "RegisterSource": _precheck_owner("source", "source_ref"),
+    "RevokeSource": _precheck_owner("source", "source_ref"),
+    "RestoreSource": _precheck_owner("source", "source_ref"),
+    "MoveReleasePointer": _precheck_owner("release-pointer", "pointer_name"),
+}

@@ -1,0 +1,106 @@
+"""`ReconcileOperation`: settle an unknown outcome from out-of-band evidence (spec §4, §13.3).
+
+Only an operator or a reconciliation job with evidence (a provider-side lookup) moves an
+operation out of `unknown`, or out of `dispatching` once its lease has expired. It never calls a
+provider: "completed" imports the provider's answer and commits its usage; "not_processed" marks
+the operation failed and releases the grant. A settled operation cannot be reconciled again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from controlplane.commands.base import CommandBase
+from controlplane.commands.gateway import ReconcileOperation
+from controlplane.decisions import DecisionContext, append_to, decision_data, new_event
+from controlplane.gateway.world import budget_of
+from controlplane.handlers.base import Handler
+from controlplane.handlers.gateway import seconds_between
+from controlplane.policies.gateway_budget import BudgetMovement, release, settle
+from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
+from controlplane.policy_book import PolicyInForce
+from controlplane.state import gateway as gw
+from events.model import StreamAppend
+
+
+def _refused(command: ReconcileOperation, ctx: DecisionContext, policy: PolicyInForce,
+             reason: Reason) -> list[StreamAppend]:
+    data = decision_data(outcome="refused", reasons=[reason],
+                         result={"tenant": command.tenant, "idempotency_key": command.idempotency_key},
+                         policy=policy, inputs=_inputs(command), ctx=ctx)
+    stream = gw.operation_stream(command.tenant, command.idempotency_key)
+    return [append_to(stream, ctx, new_event(command, ctx, "refused", gw.RECONCILE_REFUSED, data))]
+
+
+def _inputs(command: ReconcileOperation) -> dict[str, Any]:
+    return {"tenant": command.tenant, "idempotency_key": command.idempotency_key,
+            "resolution": command.resolution, "evidence_ref": command.evidence_ref,
+            "output_tokens": command.output_tokens, "note": command.note}
+
+
+def _movement(command: ReconcileOperation, ctx: DecisionContext,
+              row: dict[str, Any]) -> BudgetMovement:
+    budget = budget_of(ctx.state, row["budget_id"])
+    if budget is None:
+        raise PolicyInputError("budget_not_configured", "budget_id", "the operation's budget is gone")
+    if command.resolution == "completed":
+        return settle(budget, row["grant_units"], row["input_tokens"] + (command.output_tokens or 0))
+    return release(budget, row["grant_units"], "grant_released_on_evidence")
+
+
+def handle_reconcile_operation(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    """Resolve an unknown (or lease-expired dispatching) operation from evidence, once."""
+    assert isinstance(command, ReconcileOperation)
+    policy = ctx.policies.in_force(ctx.state, "gateway")
+    row = ctx.state.get(gw.OPERATIONS, gw.operation_key(command.tenant, command.idempotency_key))
+    if row is None:
+        return _refused(command, ctx, policy, Reason("operation_not_found", "no operation for this key"))
+    facts = {"operation_id": row["operation_id"], "state": row["state"]}
+    if row["state"] in ("completed", "failed"):
+        return _refused(command, ctx, policy, Reason(
+            "operation_already_settled", "a settled operation is never reconciled again", facts))
+    lease = policy.parameters["dispatch_lease_seconds"]
+    elapsed = seconds_between(row.get("dispatching_at"), command.at)
+    if row["state"] != "unknown" and (elapsed is None or elapsed < lease):
+        return _refused(command, ctx, policy, Reason(
+            "operation_in_progress", "the dispatch lease has not expired; its result may still come",
+            {**facts, "since_dispatch_seconds": elapsed, "lease_seconds": lease}))
+    try:
+        movement = _movement(command, ctx, row)
+    except PolicyInputError as error:
+        return _refused(command, ctx, policy, Reason(error.code, error.message, {"field": error.field}))
+    completed = command.resolution == "completed"
+    result: dict[str, Any] = {
+        "tenant": command.tenant, "idempotency_key": command.idempotency_key,
+        "operation_id": row["operation_id"], "state": "completed" if completed else "failed",
+        "outcome_code": "completed" if completed else "not_processed", "reconciled": True,
+        "previous_state": row["state"], "evidence_ref": command.evidence_ref,
+        "release_id": row["release_id"], "profile_id": row["profile_id"], "route_id": row["route_id"],
+        "evidence": row["evidence"]}
+    if completed:
+        text = command.answer_text or ""
+        result.update(answer={"text": text},
+                      answer_sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+                      usage={"input_tokens": row["input_tokens"],
+                             "output_tokens": command.output_tokens})
+    reason = Reason("reconciled_" + ("completed" if completed else "not_processed"),
+                    "the outcome was settled from out-of-band evidence; no provider was called",
+                    {**facts, "evidence_ref": command.evidence_ref})
+    reconciled = new_event(command, ctx, "reconciled", gw.OPERATION_RECONCILED, decision_data(
+        outcome=result["outcome_code"], reasons=[reason], result=result, policy=policy,
+        inputs=_inputs(command), ctx=ctx,
+        causes=[row.get("dispatching_event_id") or row["reserved_event_id"]]))
+    budget_event = new_event(command, ctx, "budget", gw.BUDGET_RECONCILED, decision_data(
+        outcome=movement.outcome, reasons=movement.reasons,
+        result={"budget_id": row["budget_id"], "tenant": command.tenant,
+                "idempotency_key": command.idempotency_key, "operation_id": row["operation_id"],
+                "grant_units": movement.grant_units, "committed_units": movement.committed_units,
+                "released_units": movement.released_units, "before": to_plain(movement.before),
+                "after": to_plain(movement.after)},
+        policy=policy, inputs=_inputs(command), ctx=ctx, causes=[reconciled.event_id]))
+    return [append_to(gw.operation_stream(command.tenant, command.idempotency_key), ctx, reconciled),
+            append_to(gw.budget_stream(row["budget_id"]), ctx, budget_event)]
+
+
+HANDLERS: dict[str, Handler] = {"ReconcileOperation": handle_reconcile_operation}

@@ -1,0 +1,115 @@
+"""Autoscaler read model, one row per pool: desired count, cooldown clock, observation window.
+
+Besides its own `ScaleDecided` events it folds the fleet's placement facts into the same row:
+the replica shape to copy on a scale-up (the pool's latest placement), when each live replica
+was placed (scale-down releases the newest first), and which issued placements are still
+undecided (they count toward desired capacity so a second scale-up does not repeat them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.decisions import REJECTED
+from controlplane.state.base import Projector
+from controlplane.state.fleet import PLACEMENT_REFUSED, REPLICA_PLACED, REPLICA_RELEASED
+from events.model import RecordedEvent
+from events.projections import StateStore
+
+AUTOSCALER = "autoscaler"
+SCALE_DECIDED = "ScaleDecided"
+TEMPLATE_FIELDS = ("model_id", "max_live_tokens_per_request", "target_concurrency",
+                   "runtime_overhead_gib", "required_capabilities", "locality")
+
+
+def empty_autoscaler(pool_id: str) -> dict[str, Any]:
+    """A pool's autoscaler before anything happened to it."""
+    return {"pool_id": pool_id, "desired_replicas": None, "last_scale_at_seconds": None,
+            "last_action": None, "last_decision_event_id": None, "window": [],
+            "replica_template": None, "members": {}, "pending_placements": [],
+            "replicas_issued": 0}
+
+
+def observation_key(observation: dict[str, Any]) -> tuple[float, int, float]:
+    """The window's order: by time, ties broken by the values themselves."""
+    return (observation["timestamp_seconds"], observation["queued_tokens"],
+            observation["arrival_tokens_per_second"])
+
+
+def next_window(window: list[dict[str, Any]], keep_from_seconds: float | None,
+                limit: int) -> list[dict[str, Any]]:
+    """The retained observations: none older than `keep_from_seconds`, at most `limit`, newest kept."""
+    kept = sorted(window, key=observation_key)
+    if keep_from_seconds is not None:
+        kept = [o for o in kept if o["timestamp_seconds"] >= keep_from_seconds]
+    return kept[-limit:]
+
+
+def _row(state: StateStore, pool_id: str) -> dict[str, Any]:
+    return state.get(AUTOSCALER, pool_id) or empty_autoscaler(pool_id)
+
+
+def _scale_decided(state: StateStore, event: RecordedEvent) -> None:
+    result = event.data["result"]
+    row = _row(state, result["pool_id"])
+    row.update(
+        desired_replicas=result["desired_replicas_after"],
+        last_scale_at_seconds=result["last_scale_at_seconds"], last_action=result["action"],
+        last_decision_event_id=event.event_id,
+        window=next_window(row["window"] + result["observations"],
+                           result["window_keep_from_seconds"], result["window_limit"]),
+        pending_placements=row["pending_placements"]
+        + [placement["replica_id"] for placement in result["placements"]],
+        replicas_issued=result["replicas_issued"])
+    state.put(AUTOSCALER, result["pool_id"], row)
+
+
+def _settle_pending(row: dict[str, Any], replica_id: str) -> None:
+    row["pending_placements"] = [r for r in row["pending_placements"] if r != replica_id]
+
+
+def _replica_placed(state: StateStore, event: RecordedEvent) -> None:
+    result = event.data["result"]
+    row = _row(state, result["pool_id"])
+    command = event.data["inputs"]["command"]
+    row["replica_template"] = {**{name: command[name] for name in TEMPLATE_FIELDS},
+                               "tensor_parallel_size": result["tensor_parallel"]}
+    row["members"] = {**row["members"], result["replica_id"]: event.position}
+    _settle_pending(row, result["replica_id"])
+    state.put(AUTOSCALER, result["pool_id"], row)
+
+
+def _placement_refused(state: StateStore, event: RecordedEvent) -> None:
+    result = event.data["result"]
+    row = state.get(AUTOSCALER, result["pool_id"])
+    if row is not None and result["replica_id"] in row["pending_placements"]:
+        _settle_pending(row, result["replica_id"])
+        state.put(AUTOSCALER, result["pool_id"], row)
+
+
+def _placement_rejected(state: StateStore, event: RecordedEvent) -> None:
+    # A PlaceReplica refused before placement (e.g. the replica id exists) is settled too.
+    command = event.data.get("inputs") or {}
+    if command.get("type") != "PlaceReplica":
+        return
+    row = state.get(AUTOSCALER, command["pool_id"])
+    if row is not None and command["replica_id"] in row["pending_placements"]:
+        _settle_pending(row, command["replica_id"])
+        state.put(AUTOSCALER, command["pool_id"], row)
+
+
+def _replica_released(state: StateStore, event: RecordedEvent) -> None:
+    result = event.data["result"]
+    row = state.get(AUTOSCALER, result["pool_id"])
+    if row is not None and result["replica_id"] in row["members"]:
+        row["members"] = {k: v for k, v in row["members"].items() if k != result["replica_id"]}
+        state.put(AUTOSCALER, result["pool_id"], row)
+
+
+PROJECTORS: dict[str, list[Projector]] = {
+    SCALE_DECIDED: [_scale_decided],
+    REPLICA_PLACED: [_replica_placed],
+    PLACEMENT_REFUSED: [_placement_refused],
+    REJECTED: [_placement_rejected],
+    REPLICA_RELEASED: [_replica_released],
+}
