@@ -102,28 +102,34 @@ def log_position(engine: Engine) -> int:
         return int(conn.execute(text("SELECT position FROM log_head WHERE id = 1")).scalar() or 0)
 
 
-def wait_for_position(engine: Engine, target: int, timeout_seconds: float,
-                      workers: Sequence[subprocess.Popen[bytes]] = ()) -> float:
-    """Poll until the log holds `target` events; returns the monotonic time it was seen.
+def wait_for_decisions(engine: Engine, accepted_type: str, commands: int, timeout_seconds: float,
+                       workers: Sequence[subprocess.Popen[bytes]] = ()) -> float:
+    """Poll until `commands` decisions are stored; returns the monotonic time they were seen.
 
-    Raises RuntimeError on timeout or when a worker process died before the target.
+    The cheap head position is polled first (each command stores at least two events), then the
+    decisions are counted, so events that are not decisions (checkpoints) cannot end the wait
+    early. Raises RuntimeError on timeout or when a worker process died before the end.
     """
     deadline = time.monotonic() + timeout_seconds
     while True:
-        if log_position(engine) >= target:
+        if log_position(engine) >= 2 * commands and decision_counts(engine, accepted_type)[0] >= commands:
             return time.monotonic()
         if any(process.poll() is not None for process in workers):
             raise RuntimeError("a worker process exited before every command was decided")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the log did not reach {target} events within {timeout_seconds:g}s")
+            raise RuntimeError(f"{commands} decisions were not stored within {timeout_seconds:g}s")
         time.sleep(0.005)
 
 
 def decision_counts(engine: Engine, accepted_type: str) -> tuple[int, int]:
-    """(decision events, distinct decided commands): equal when each was decided exactly once."""
+    """(decision events, distinct decided commands): equal when each was decided exactly once.
+
+    Events with no command (checkpoints) are not decisions and are not counted.
+    """
     from events.tables import events_table
 
-    query = select(func.count(), func.count(events_table.c.command_id.distinct())).where(
+    query = select(func.count(events_table.c.command_id),
+                   func.count(events_table.c.command_id.distinct())).where(
         events_table.c.event_type != accepted_type)
     with engine.connect() as conn:
         events, commands = conn.execute(query).one()

@@ -41,7 +41,7 @@ from bench.common import (  # noqa: E402
     format_table,
     postgres_database,
     redis_db,
-    wait_for_position,
+    wait_for_decisions,
     worker_processes,
 )
 from controlplane.catalog.registry import load_catalog  # noqa: E402
@@ -181,8 +181,8 @@ def run_queued(path: str, store_label: str, commands: list[CommandBase], batch_s
         settings = Settings(database_url=database_url, redis_url=redis_url, batch_size=batch_size)
         started = time.monotonic()
         submit(settings, store, commands)
-        finished = wait_for_position(store.engine, 2 * len(commands), RUN_TIMEOUT_SECONDS,
-                                     processes)
+        finished = wait_for_decisions(store.engine, ACCEPTED, len(commands), RUN_TIMEOUT_SECONDS,
+                                      processes)
     check_exactly_once(store, len(commands), f"{path} {store_label} x{workers}")
     rows = stored_rows(store)
     store.engine.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -13,7 +14,9 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from events.canonical import canonical_json, chain_hash
 from events.database import is_sqlite
+from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.model import (
+    EVENT_NAMESPACE,
     ConcurrencyConflict,
     DuplicateEventError,
     NewEvent,
@@ -62,8 +65,10 @@ class LogTransaction:
     appends, which is what makes a recorded decision re-derivable.
     """
 
-    def __init__(self, connection: Connection, head_position: int, head_hash: str) -> None:
+    def __init__(self, connection: Connection, head_position: int, head_hash: str,
+                 checkpoint_every: int = 0) -> None:
         self.connection = connection
+        self.checkpoint_every = checkpoint_every
         self.head_position = head_position
         self.head_hash = head_hash
         self.projections = SqlProjections(connection)
@@ -110,6 +115,11 @@ class LogTransaction:
             self._versions[batch.stream_id] = version
         if not rows:
             return []
+        if self.checkpoint_every:
+            checkpoint = self._checkpoint_row(rows, recorded_at)
+            if checkpoint is not None:
+                rows.append(checkpoint)
+                position, prev_hash = checkpoint["position"], checkpoint["hash"]
         self.connection.execute(events_table.insert(), rows)
         self.connection.execute(update(log_head_table).where(log_head_table.c.id == 1)
                                 .values(position=position, hash=prev_hash))
@@ -117,6 +127,37 @@ class LogTransaction:
         recorded = [to_recorded(row) for row in rows]
         self.appended.extend(recorded)
         return recorded
+
+    def _checkpoint_row(self, rows: list[dict[str, Any]], recorded_at: str) -> dict[str, Any] | None:
+        """A checkpoint after this batch when it crosses a multiple of `checkpoint_every`.
+
+        It carries the log size and the Merkle root of every event hash since the previous
+        checkpoint, and is chained like any event, so forging one breaks the chain.
+        """
+        first, last = rows[0]["position"], rows[-1]["position"]
+        every = self.checkpoint_every
+        if last // every == (first - 1) // every:
+            return None
+        since = self._last_checkpoint_position()
+        query = (select(events_table.c.hash).where(events_table.c.position > since)
+                 .order_by(events_table.c.position))
+        leaves = [*self.connection.execute(query).scalars(), *(row["hash"] for row in rows)]
+        data = {"log_size": last, "from_position": since + 1, "to_position": last,
+                "merkle_root": merkle_root(leaves)}
+        version = self.stream_version(CHECKPOINT_STREAM) + 1
+        self._versions[CHECKPOINT_STREAM] = version
+        new = NewEvent(event_id=str(uuid.uuid5(EVENT_NAMESPACE, f"checkpoint/{last}")),
+                       event_type=CHECKPOINT_EVENT, data=data, occurred_at=rows[-1]["occurred_at"],
+                       actor="log", tenant="system")
+        row = _row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at)
+        row["prev_hash"] = rows[-1]["hash"]
+        row["hash"] = chain_hash(row["prev_hash"], header_of(row), row["data"])
+        return row
+
+    def _last_checkpoint_position(self) -> int:
+        query = select(func.max(events_table.c.position)).where(
+            events_table.c.stream_id == CHECKPOINT_STREAM)
+        return int(self.connection.execute(query).scalar() or 0)
 
     def _existing(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent] | None:
         wanted = [(b.stream_id, b.expected_version, i, e) for b in appends
@@ -161,8 +202,9 @@ def _row_for(new: NewEvent, stream_id: str, version: int, position: int,
 class EventStore:
     """Append and read the log. Concurrency is enforced by the database, never in Python."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, checkpoint_every: int = 1_000) -> None:
         self.engine = engine
+        self.checkpoint_every = checkpoint_every
 
     @contextmanager
     def transaction(self) -> Iterator[LogTransaction]:
@@ -173,7 +215,7 @@ class EventStore:
             if not is_sqlite(self.engine):
                 query = query.with_for_update()
             head = conn.execute(query).one()
-            tx = LogTransaction(conn, head.position, head.hash)
+            tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
             yield tx
             tx.projections.flush()
 

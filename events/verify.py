@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from events.canonical import GENESIS_HASH, chain_hash
+from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.store import header_of
 
 
@@ -25,12 +27,15 @@ class ChainReport:
 def verify_chain(rows: Iterable[dict[str, Any]], head: tuple[int, str]) -> ChainReport:
     """Check positions run 1, 2, 3… without gaps, each row's hash and its link to the previous.
 
+    Checkpoint rows must carry the log size before them and the Merkle root of every event
+    hash since the previous checkpoint (`checkpoint_mismatch` otherwise).
     Problems: `position_gap` (a row deleted, or one inserted with a new position),
     `broken_link` (prev_hash differs from the previous row's hash: deleted, inserted or
     reordered rows), `hash_mismatch` (the row's content was edited), `head_mismatch` (rows
     removed from the end, or the head row edited).
     """
     expected_position, prev_hash, checked = 1, GENESIS_HASH, 0
+    leaves: list[str] = []
     for row in rows:
         position = row["position"]
         if position != expected_position:
@@ -43,6 +48,14 @@ def verify_chain(rows: Iterable[dict[str, Any]], head: tuple[int, str]) -> Chain
         if recomputed != row["hash"]:
             return ChainReport(False, checked, head[0], position, "hash_mismatch",
                                "the row's content does not match its hash")
+        if row["event_type"] == CHECKPOINT_EVENT and row["stream_id"] == CHECKPOINT_STREAM:
+            claim = json.loads(row["data"])
+            if claim.get("log_size") != position - 1 or claim.get("merkle_root") != merkle_root(leaves):
+                return ChainReport(False, checked, head[0], position, "checkpoint_mismatch",
+                                   "the checkpoint's size or Merkle root disagrees with the log")
+            leaves = []
+        else:
+            leaves.append(row["hash"])
         prev_hash = row["hash"]
         expected_position += 1
         checked += 1

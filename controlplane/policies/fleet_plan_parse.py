@@ -1,7 +1,8 @@
-"""Plain JSON data to a `Scenario`, refusing anything malformed with the offending field's path.
+"""Plain JSON data to a `Scenario` (or any plan dataclass), refusing anything malformed with the
+offending field's path.
 
 The parser is driven by the dataclasses' own type hints, so the JSON shape is exactly what
-`to_plain(scenario)` produces and the round trip is the identity: fields are named as in the
+`to_plain(value)` produces and the round trip is the identity: fields are named as in the
 dataclasses, omitted fields take their declared defaults, unknown fields are refused, integers
 must be integers, numbers must be finite, and a number given for a float field becomes a float
 (so `40` and `40.0` bind to the same digest).
@@ -15,7 +16,7 @@ from dataclasses import MISSING, fields, is_dataclass
 from enum import Enum
 from functools import cache
 from types import UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from controlplane.policies.admission import AdmissionAction
 from controlplane.policies.fleet_plan_scenario import (
@@ -27,13 +28,23 @@ from controlplane.policies.fleet_plan_scenario import (
 from controlplane.policies.reasons import PolicyInputError, require
 
 _OVERRIDE_ACTIONS = (AdmissionAction.ADMIT, AdmissionAction.QUEUE, AdmissionAction.SHED)
+_T = TypeVar("_T")
+
+
+def from_plain(cls: type[_T], plain: object, path: str = "") -> _T:
+    """Rebuild a dataclass from its `to_plain` form; the round trip is the identity on plain data.
+
+    Malformed data raises PolicyInputError naming the field; no rule beyond the shape is checked.
+    """
+    value = _parse(plain, cls, path)
+    assert isinstance(value, cls)
+    return value
 
 
 def parse_scenario_structure(plain: object) -> Scenario:
     """Build a scenario from plain data and check its own rules; policy ranges are not checked."""
-    scenario = _parse(plain, Scenario, "")
+    scenario = from_plain(Scenario, plain)
     check_scenario(scenario)
-    assert isinstance(scenario, Scenario)
     return scenario
 
 
@@ -47,6 +58,9 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _parse(value: object, hint: Any, path: str) -> Any:
+    if hint is Any:
+        # Reason facts: plain data already, kept as recorded.
+        return value
     if isinstance(hint, type) and is_dataclass(hint):
         return _parse_dataclass(value, hint, path)
     origin = get_origin(hint)
@@ -66,6 +80,13 @@ def _parse(value: object, hint: Any, path: str) -> Any:
         require(len(set(items)) == len(items), "duplicate_entry", path,
                 f"{path} lists an entry twice")
         return frozenset(items)
+    if origin in (Mapping, dict):
+        where = path or "value"
+        require(isinstance(value, Mapping) and all(isinstance(key, str) for key in value),
+                "not_an_object", where, f"{where} must be an object with string keys")
+        assert isinstance(value, Mapping)
+        return {key: _parse(item, get_args(hint)[1], _join(path, key))
+                for key, item in value.items()}
     if isinstance(hint, type) and issubclass(hint, Enum):
         choices = [member.value for member in hint]
         require(isinstance(value, str) and value in choices, "invalid_choice", path,

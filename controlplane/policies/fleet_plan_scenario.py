@@ -10,8 +10,11 @@ rate and desired count, and (in `derived` mode) the admission budget.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from controlplane.policies.admission import AdmissionAction, AdmissionPolicy, AdmissionRequest
 from controlplane.policies.autoscaling import AutoscalingPolicy
@@ -19,6 +22,7 @@ from controlplane.policies.capacity import CapacityRequirements, ReplicaBenchmar
 from controlplane.policies.memory import DeploymentMemory, ModelMemory
 from controlplane.policies.parallelism import ClusterTopology
 from controlplane.policies.placement import GPU
+from controlplane.policies.reasons import to_plain
 from controlplane.policies.rollouts import ReleaseMeasurement, ReleaseRequirements, TrafficMode
 
 MEMORY_FIT = "memory-fit"
@@ -137,6 +141,17 @@ class Scenario:
     placement_mode: PlacementMode = PlacementMode.ALL_REPLICAS
     admission_budget_mode: AdmissionBudgetMode = AdmissionBudgetMode.DERIVED
     test_stimulus_admission_overrides: tuple[AdmissionOverride, ...] = ()
+
+
+def canonical_json(value: Any) -> str:
+    """Sorted-key, compact, UTF-8 JSON of plain data; refuses NaN and infinity."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def scenario_digest(scenario: Scenario) -> str:
+    """sha256 of the scenario's canonical JSON: any changed input changes it."""
+    return hashlib.sha256(canonical_json(to_plain(scenario)).encode("utf-8")).hexdigest()
 
 
 DEFAULT_REQUIRED_EVIDENCE = frozenset(

@@ -46,7 +46,7 @@ def test_dropping_and_rebuilding_the_projections_gives_the_same_state(
     with decided_store.engine.connect() as conn:
         before = load_all(conn)
     assert before["memory_fit"], "the decisions projected nothing"
-    assert rebuild_live(decided_store) == 2_000
+    assert rebuild_live(decided_store) == decided_store.head()[0] >= 2_000
     with decided_store.engine.connect() as conn:
         assert load_all(conn) == before
     assert compare_with_live(decided_store) == []

@@ -91,3 +91,65 @@ def test_tampering_at_either_end_is_detected(store: EventStore, position: int) -
     seeded(store)
     tamper(store, f"UPDATE events SET event_type = 'Forged' WHERE position = {position}")
     assert report(store).first_bad_position == position
+
+
+def checkpointed_store(store: EventStore) -> EventStore:
+    small = EventStore(store.engine, checkpoint_every=4)
+    for index in range(10):
+        small.append([StreamAppend("s/1", None, [event(f"e{index}", {"n": index})])])
+    return small
+
+
+def test_checkpoints_carry_the_log_size_and_a_merkle_root_that_verify_checks(
+        store: EventStore) -> None:
+    small = checkpointed_store(store)
+    checkpoints = [e for e in small.read_all() if e.event_type == "LogCheckpointed"]
+    assert [c.data["log_size"] for c in checkpoints] == [c.position - 1 for c in checkpoints]
+    assert len(checkpoints) == 3 and report(small).ok  # at 5, 10 and 14 of 13 events
+
+
+def test_a_rewritten_history_with_a_recomputed_chain_is_caught_by_the_next_checkpoint(
+        store: EventStore) -> None:
+    """An attacker who edits a row and re-hashes everything after it still fails the root."""
+    from events.canonical import chain_hash
+    from events.store import header_of
+
+    small = checkpointed_store(store)
+    rows = list(small.read_all(raw=True))
+    rows[1]["data"] = rows[1]["data"].replace('"n":1', '"n":100')
+    prev = rows[0]["hash"]
+    with small.engine.begin() as conn:
+        for row in rows[1:]:
+            row["prev_hash"] = prev
+            row["hash"] = prev = chain_hash(prev, header_of(row), row["data"])
+            conn.execute(text("UPDATE events SET data = :d, prev_hash = :p, hash = :h "
+                              "WHERE position = :pos"),
+                         {"d": row["data"], "p": row["prev_hash"], "h": row["hash"],
+                          "pos": row["position"]})
+        conn.execute(text("UPDATE log_head SET hash = :h"), {"h": prev})
+    result = report(small)
+    first_checkpoint = next(r["position"] for r in rows if r["event_type"] == "LogCheckpointed")
+    assert (result.ok, result.problem, result.first_bad_position) == (
+        False, "checkpoint_mismatch", first_checkpoint)
+
+
+def test_a_forged_checkpoint_is_detected(store: EventStore) -> None:
+    small = checkpointed_store(store)
+    position = next(e.position for e in small.read_all() if e.event_type == "LogCheckpointed")
+    tamper(small, f"UPDATE events SET data = replace(data, 'merkle_root\":\"', "
+                  f"'merkle_root\":\"0') WHERE position = {position}")
+    assert report(small).first_bad_position == position
+
+
+def test_a_flipped_bit_in_a_hash_is_detected(store: EventStore) -> None:
+    seeded(store)
+    tamper(store, "UPDATE events SET hash = replace(hash, substr(hash, 1, 1), "
+                  "CASE WHEN substr(hash, 1, 1) = 'a' THEN 'b' ELSE 'a' END) WHERE position = 3")
+    assert report(store).first_bad_position in (3, 4)
+
+
+def test_a_truncated_log_is_detected(store: EventStore) -> None:
+    seeded(store)
+    tamper(store, "DELETE FROM events WHERE position > 6")
+    result = report(store)
+    assert (result.ok, result.first_bad_position, result.problem) == (False, 7, "head_mismatch")

@@ -1,0 +1,162 @@
+"""Autoscaling through the queue and the log: scale-ups issue placements that are decided and
+warm up, scale-downs wait for the stabilisation window, and what-if shows a cooldown's effect."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis import Redis
+
+from controlplane.commands import command_adapter
+from controlplane.policy_book import PolicyBook, load_overrides
+from controlplane.replay import compare_with_live, state_at, verify_decisions
+from controlplane.service import accept, pending_command_ids
+from controlplane.settings import Settings
+from events.model import RecordedEvent
+from events.store import EventStore
+from tests.factories import place_replica, register_model, register_node
+from workers.pipeline import submit
+from workers.queue import enqueue_commands
+from workers.runner import work
+
+POOL = "chat"
+SERVICE = 100.0  # tokens/s per replica at full utilisation: demand = ceil(arrival / 100)
+
+
+def run(store: EventStore, *payloads: dict[str, Any]) -> None:
+    submit(Settings(), store, [command_adapter.validate_python(p) for p in payloads])
+
+
+def decision(store: EventStore, command_id: str) -> RecordedEvent:
+    return next(e for e in store.events_for_command(command_id)
+                if e.event_type != "CommandAccepted")
+
+
+def at(second: int) -> str:
+    return f"2026-11-30T14:{second // 60:02d}:{second % 60:02d}Z"
+
+
+def observe(command_id: str, second: int, arrival: float, queued: int = 0) -> dict[str, Any]:
+    return {"type": "ObserveLoad", "command_id": command_id, "pool_id": POOL, "at": at(second),
+            "observations": [{"observed_at": at(second), "queued_tokens": queued,
+                              "arrival_tokens_per_second": arrival}]}
+
+
+def fleet(*replicas: str, **policy: Any) -> list[dict[str, Any]]:
+    """A node, a model, the autoscaling policy, and `replicas` placed and ready in order."""
+    payloads = [register_node("n1", gpus=6), register_model(),
+                {"type": "SetPolicy", "command_id": "autoscaling-policy", "name": "autoscaling",
+                 "parameters": {"service_tokens_per_second_per_replica": SERVICE,
+                                "target_utilization": 1.0, **policy}}]
+    for replica_id in replicas:
+        payloads += [place_replica(replica_id),
+                     {"type": "MarkReplicaReady", "replica_id": replica_id,
+                      "command_id": f"ready-{replica_id}"}]
+    return payloads
+
+
+def pool(store: EventStore) -> dict[str, Any]:
+    row = state_at(store).get("pool", POOL)
+    assert row is not None
+    return row
+
+
+def assert_replay_exact(store: EventStore) -> None:
+    assert verify_decisions(store).drifts == []
+    assert compare_with_live(store) == []
+
+
+@pytest.fixture(autouse=True)
+def embedded_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+
+
+def test_a_scale_up_issues_placements_that_are_decided_and_start_warming(store: EventStore) -> None:
+    run(store, *fleet("r1"))
+    budget_before = pool(store)["live_token_budget"]
+    run(store, observe("load-1", 10, arrival=250.0))
+    scaled = decision(store, "load-1")
+    assert (scaled.data["outcome"], scaled.data["result"]["target_replicas"]) == ("scale_up", 3)
+    assert scaled.data["result"]["ready_capacity_tokens_per_second"] == SERVICE
+    assert scaled.data["result"]["placements"] == [
+        {"replica_id": "chat-as1", "command_id": "load-1:place:1"},
+        {"replica_id": "chat-as2", "command_id": "load-1:place:2"}]
+    for child in ("load-1:place:1", "load-1:place:2"):
+        accepted, placed = store.events_for_command(child)[:2]
+        assert accepted.causation_id == scaled.event_id
+        assert placed.event_type == "ReplicaPlaced" and placed.causation_id == accepted.event_id
+        assert placed.data["inputs"]["command"]["actor"] == "autoscaler"
+    after = pool(store)
+    assert sorted(after["warming"]) == ["chat-as1", "chat-as2"]
+    assert after["live_token_budget"] == budget_before  # warming replicas serve nothing yet
+    assert_replay_exact(store)
+
+
+def test_placements_still_undecided_count_toward_desired_so_they_are_not_issued_twice(
+        store: EventStore) -> None:
+    run(store, *fleet("r1", scale_up_cooldown_seconds=0.0))
+    # One submission: both observations are decided before the first one's placements are.
+    run(store, observe("load-1", 10, arrival=250.0), observe("load-2", 11, arrival=250.0))
+    second = decision(store, "load-2")
+    assert second.data["outcome"] == "hold"
+    assert second.data["result"]["desired_replicas_before"] == 3
+    assert len([e for e in store.read_all() if e.event_type == "ReplicaPlaced"]) == 3
+    row = state_at(store).get("autoscaler", POOL)
+    assert row is not None and row["pending_placements"] == []
+    assert_replay_exact(store)
+
+
+def test_scale_down_waits_for_the_stabilization_window_then_releases_newest_first(
+        store: EventStore) -> None:
+    run(store, *fleet("r1", "r2", "r3", scale_down_stabilization_seconds=300.0))
+    run(store, observe("low-0", 0, arrival=50.0), observe("low-200", 200, arrival=80.0))
+    assert [decision(store, c).data["reasons"][0]["code"] for c in ("low-0", "low-200")] == [
+        "scale_down_window_incomplete", "scale_down_window_incomplete"]
+    run(store, observe("low-301", 301, arrival=150.0))
+    scaled = decision(store, "low-301")
+    # The window's peak (150 tokens/s -> 2 replicas) sets the target, not the newest alone.
+    assert (scaled.data["outcome"], scaled.data["result"]["target_replicas"]) == ("scale_down", 2)
+    assert scaled.data["result"]["releases"] == ["r3"]
+    released = [e for e in store.events_for_command("low-301") if e.event_type == "ReplicaReleased"]
+    assert [e.data["result"]["replica_id"] for e in released] == ["r3"]
+    assert released[0].data["causes"] == [scaled.event_id]
+    gpus = [e for e in store.events_for_command("low-301") if e.event_type == "GpusReleased"]
+    assert gpus and all(e.data["causes"] == [released[0].event_id] for e in gpus)
+    assert sorted(pool(store)["ready"]) == ["r1", "r2"]
+    assert_replay_exact(store)
+
+
+def test_a_scale_up_inside_the_cooldown_holds_and_what_if_a_shorter_cooldown_would_scale(
+        store: EventStore, tmp_path: Path) -> None:
+    run(store, *fleet("r1", scale_up_cooldown_seconds=120.0))
+    run(store, observe("load-1", 10, arrival=150.0))
+    run(store, observe("load-2", 40, arrival=350.0))
+    held = decision(store, "load-2")
+    assert held.data["outcome"] == "hold"
+    assert held.data["reasons"][0]["code"] == "scale_up_inside_cooldown"
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"autoscaling": {
+        "service_tokens_per_second_per_replica": SERVICE, "target_utilization": 1.0,
+        "scale_up_cooldown_seconds": 10.0}}))
+    report = verify_decisions(store, PolicyBook(load_overrides(policy_file)))
+    assert [d.command_id for d in report.drifts] == ["load-2"]
+    drift = report.drifts[0]
+    assert (drift.recorded["outcome"], drift.rederived["outcome"]) == ("hold", "scale_up")
+    assert drift.rederived["result"]["target_replicas"] == 4
+    assert "event_count" in drift.changed_fields  # it would also have issued two placements
+    assert_replay_exact(store)
+
+
+def test_follow_up_placements_are_enqueued_and_worked_by_a_real_worker(
+        store: EventStore, queue_redis: Redis) -> None:
+    run(store, *fleet("r1"))
+    accepted = accept(store, [command_adapter.validate_python(observe("load-1", 10, 250.0))])
+    enqueue_commands(queue_redis, Settings(), accepted)
+    forking = not queue_redis.__class__.__module__.startswith("fakeredis")
+    work(queue_redis, ["fleet-commands"], burst=True, forking=forking)
+    assert pending_command_ids(store) == []
+    assert sorted(pool(store)["warming"]) == ["chat-as1", "chat-as2"]
+    assert_replay_exact(store)

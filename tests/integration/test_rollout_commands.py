@@ -1,0 +1,174 @@
+"""Rollouts through the queue and the log: evidence issues its evaluation, the ladder moves one
+rung per measurement, a passing canary promotes and a regression rolls back observably."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from controlplane.commands import command_adapter
+from controlplane.explain import explain_id
+from controlplane.replay import compare_with_live, state_at, verify_decisions
+from controlplane.settings import Settings
+from events.model import RecordedEvent
+from events.store import EventStore
+from tests.factories import place_replica, register_model, register_node
+from workers.pipeline import submit
+
+# Spec section 5 exercise 11 / 4 test_rollouts: baseline, candidate and requirements.
+BASELINE = {"revision": "stable", "mode": "canary", "warmed": True, "sample_count": 10_000,
+            "quality_score": 0.90, "p95_ttft_seconds": 0.8, "p95_tpot_seconds": 0.1,
+            "output_tokens_per_second": 100.0, "error_rate": 0.001}
+CANDIDATE = {**BASELINE, "revision": "candidate", "sample_count": 1_000, "quality_score": 0.89,
+             "output_tokens_per_second": 105.0, "error_rate": 0.002}
+QUANTIZED = {"name": "int4", "weight_bits": 4, "hardware_supported": True, "quality_score": 0.89,
+             "weight_memory_gib": 5.0, "p95_ttft_seconds": 0.7, "output_tokens_per_second": 120.0}
+FP16 = {**QUANTIZED, "name": "fp16", "weight_bits": 16, "quality_score": 0.90,
+        "weight_memory_gib": 16.0, "output_tokens_per_second": 100.0}
+
+
+def run(store: EventStore, *payloads: dict[str, Any]) -> None:
+    submit(Settings(), store, [command_adapter.validate_python(p) for p in payloads])
+
+
+def decision(store: EventStore, command_id: str) -> RecordedEvent:
+    return next(e for e in store.events_for_command(command_id)
+                if e.event_type != "CommandAccepted")
+
+
+def start(rollout_id: str = "ro1", **extra: Any) -> list[dict[str, Any]]:
+    return [register_node("n1", gpus=1), register_model(), place_replica("r1"),
+            {"type": "StartRollout", "command_id": f"start-{rollout_id}", "rollout_id": rollout_id,
+             "pool_id": "chat", "baseline_revision": "stable",
+             "candidate_revision": "candidate", **extra}]
+
+
+def measure(command_id: str, mode: str = "canary", rollout_id: str = "ro1",
+            **candidate: Any) -> dict[str, Any]:
+    return {"type": "RecordCanaryMeasurement", "command_id": command_id, "rollout_id": rollout_id,
+            "baseline": BASELINE, "candidate": {**CANDIDATE, "mode": mode, **candidate}}
+
+
+def evaluation(store: EventStore, measurement_id: str) -> RecordedEvent:
+    return decision(store, f"{measurement_id}:evaluate")
+
+
+def rollout(store: EventStore, rollout_id: str = "ro1") -> dict[str, Any]:
+    row = state_at(store).get("rollout", rollout_id)
+    assert row is not None
+    return row
+
+
+def assert_replay_exact(store: EventStore) -> None:
+    assert verify_decisions(store).drifts == []
+    assert compare_with_live(store) == []
+
+
+@pytest.fixture(autouse=True)
+def embedded_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+
+
+def test_a_canary_passing_every_gate_climbs_one_rung_per_measurement_and_promotes(
+        store: EventStore) -> None:
+    run(store, *start())
+    assert rollout(store)["stage"] == "warmup" and rollout(store)["requirements_version"] == 0
+    steps = [("m1", "shadow"), ("m2", "shadow"), ("m3", "canary"), ("m4", "canary")]
+    for measurement_id, mode in steps:
+        run(store, measure(measurement_id, mode))
+    decided = [evaluation(store, m) for m, _ in steps]
+    assert [(e.event_type, e.data["result"]["to_stage"], e.data["result"]["candidate_traffic_percent"])
+            for e in decided] == [("RolloutAdvanced", "shadow", 0.0),
+                                  ("RolloutAdvanced", "canary", 1.0),
+                                  ("RolloutAdvanced", "canary", 10.0),
+                                  ("RolloutPromoted", "promoted", 100.0)]
+    assert decided[0].data["reasons"][0]["code"] == "warmup_complete"
+    assert decided[-1].data["reasons"][0]["code"] == "all_gates_passed"
+    recorded = decision(store, "m4")
+    accepted = store.events_for_command("m4:evaluate")[0]
+    assert accepted.causation_id == recorded.event_id
+    assert decided[-1].data["causes"] == [recorded.event_id, decided[-2].event_id]
+    row = rollout(store)
+    assert (row["stage"], row["candidate_traffic_percent"], len(row["transitions"])) == (
+        "promoted", 100.0, 4)
+    assert_replay_exact(store)
+
+
+def test_one_tail_latency_regression_rolls_back_removes_traffic_and_names_the_gate(
+        store: EventStore) -> None:
+    run(store, *start(), measure("m1", "shadow"), measure("m2", "shadow"))
+    run(store, measure("m3", "canary", p95_tpot_seconds=0.2))
+    rolled_back = evaluation(store, "m3")
+    assert rolled_back.event_type == "RolloutRolledBack"
+    assert [r["code"] for r in rolled_back.data["reasons"]] == ["p95_tpot_exceeds_objective"]
+    assert rolled_back.data["reasons"][0]["facts"] == {"p95_tpot_seconds": 0.2,
+                                                      "max_p95_tpot_seconds": 0.15}
+    result = rolled_back.data["result"]
+    assert (result["from_stage"], result["to_stage"], result["candidate_traffic_percent"]) == (
+        "canary", "rolled_back", 0.0)
+    row = rollout(store)
+    assert row["deciding_codes"] == ["p95_tpot_exceeds_objective"]
+    assert row["transitions"][-1]["action"] == "rollback"
+    run(store, measure("m4", "canary"))
+    refused = decision(store, "m4")
+    assert (refused.data["outcome"], refused.data["reasons"][0]["code"]) == (
+        "rejected", "rollout_finished")
+    chain = [step["command_id"] for step in explain_id(store, "m3:evaluate")["chain"]]
+    assert "m3" in chain and "m2:evaluate" in chain
+    assert_replay_exact(store)
+
+
+def test_immature_evidence_holds_shadow_never_promotes_and_evidence_moves_the_ladder_once(
+        store: EventStore) -> None:
+    run(store, *start(), measure("cold", "shadow", warmed=False))
+    assert evaluation(store, "cold").data["reasons"][0]["code"] == "candidate_not_warmed"
+    run(store, measure("warm", "shadow"), measure("few", "shadow", sample_count=10))
+    held = evaluation(store, "few")
+    assert (held.event_type, held.data["reasons"][0]["code"]) == ("RolloutHeld", "insufficient_samples")
+    run(store, measure("passing-shadow", "shadow"))
+    assert rollout(store)["stage"] == "canary"  # shadow passes into the canary, never to promotion
+    run(store, {"type": "EvaluateCanary", "command_id": "again", "rollout_id": "ro1",
+                "measurement_id": "passing-shadow"},
+        measure("late-shadow", "shadow"))
+    assert decision(store, "again").data["reasons"][0]["code"] == "evidence_already_used"
+    assert evaluation(store, "late-shadow").data["reasons"][0]["code"] == "evidence_mode_mismatch"
+    assert rollout(store)["candidate_traffic_percent"] == 1.0
+    assert_replay_exact(store)
+
+
+def test_required_quantization_evidence_is_judged_by_its_gate_and_a_failure_rolls_back(
+        store: EventStore) -> None:
+    thresholds = {"min_quality_score": 0.85, "max_quality_drop": 0.03,
+                  "max_weight_memory_gib": 8.0, "max_p95_ttft_seconds": 1.0,
+                  "min_relative_throughput": 1.0}
+    requirements = {"required_gates": ["quantization"], "canary_traffic_percents": [5.0]}
+    run(store, *start(requirements=requirements, quantization_requirements=thresholds),
+        measure("m1", "shadow"), measure("m2", "shadow"))
+    assert evaluation(store, "m2").data["reasons"][0]["code"] == "required_gate_evidence_missing"
+    assert rollout(store)["requirements_version"] == "declared"
+    unsupported = {**measure("m3", "shadow"),
+                   "quantization": {"baseline": FP16,
+                                    "candidate": {**QUANTIZED, "hardware_supported": False}}}
+    run(store, unsupported)
+    assert decision(store, "m3").data["result"]["gates"]["quantization"]["passed"] is False
+    rolled_back = evaluation(store, "m3")
+    assert rolled_back.event_type == "RolloutRolledBack"
+    failed = rolled_back.data["reasons"][0]
+    assert failed["code"] == "gate_evidence_failed"
+    assert failed["facts"] == {"gate": "quantization",
+                               "gate_reason_codes": ["hardware_kernel_unsupported"]}
+    assert_replay_exact(store)
+
+
+def test_a_passing_quantization_gate_lets_the_shadow_advance(store: EventStore) -> None:
+    thresholds = {"min_quality_score": 0.85, "max_quality_drop": 0.03,
+                  "max_weight_memory_gib": 8.0, "max_p95_ttft_seconds": 1.0,
+                  "min_relative_throughput": 1.0}
+    run(store, *start(requirements={"required_gates": ["quantization"]},
+                      quantization_requirements=thresholds), measure("m1", "shadow"),
+        {**measure("m2", "shadow"), "quantization": {"baseline": FP16, "candidate": QUANTIZED}})
+    advanced = evaluation(store, "m2")
+    assert (advanced.event_type, advanced.data["result"]["to_stage"]) == ("RolloutAdvanced", "canary")
+    assert rollout(store)["gates"]["quantization"]["passed"] is True
+    assert_replay_exact(store)
