@@ -25,6 +25,11 @@ def _step(event: RecordedEvent) -> dict[str, Any]:
     return step
 
 
+# Streams an identifier may name, in the order they are tried: `explain req-42` finds the
+# latest decision about request req-42.
+NAMED_STREAMS = ("request", "replica", "rollout", "plan", "node", "pool", "memory")
+
+
 def _resolve(store: EventStore, identifier: str) -> list[RecordedEvent]:
     event = store.find_event(identifier)
     if event is not None:
@@ -32,7 +37,13 @@ def _resolve(store: EventStore, identifier: str) -> list[RecordedEvent]:
     events = [e for e in store.events_for_command(identifier) if e.event_type != "CommandAccepted"]
     if events:
         return events
-    raise InputError(f"no event or command with id {identifier!r}")
+    candidates = [identifier] if "/" in identifier else []
+    candidates += [f"{kind}/{identifier}" for kind in NAMED_STREAMS]
+    for stream_id in candidates:
+        decisions = [e for e in store.read_stream(stream_id) if "outcome" in e.data]
+        if decisions:
+            return [decisions[-1]]
+    raise InputError(f"no event, command, request, replica or stream with id {identifier!r}")
 
 
 def explain_id(store: EventStore, identifier: str) -> dict[str, Any]:

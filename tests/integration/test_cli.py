@@ -75,7 +75,7 @@ def test_inspection_commands_answer_in_json(tmp_path: Path) -> None:
 
 def test_explaining_an_unknown_id_exits_2(tmp_path: Path) -> None:
     result = run_cli("explain", "no-such-thing")
-    assert result.exit_code == 2 and "no event or command" in result.stderr
+    assert result.exit_code == 2 and "no event, command" in result.stderr
 
 
 def test_replay_with_an_invalid_policy_file_exits_2(tmp_path: Path) -> None:
