@@ -178,6 +178,7 @@ def _decide_in(tx: LogTransaction, command_ids: list[str], policies: PolicyBook)
         for event in appended:
             apply_event(tx.projections, event)
         log.info("command_decided", command_id=command_id,
+                 stream_ids=sorted({e.stream_id for e in appended}),
                  event_ids=[e.event_id for e in appended])
         outcomes.append(Outcome(command_id, True, tuple(appended)))
     return outcomes

@@ -13,6 +13,7 @@ from controlplane.cli.demo import demo
 from controlplane.cli.fit import fit
 from controlplane.cli.inspect_cmds import explain, log_command, status, verify
 from controlplane.cli.output import fail
+from controlplane.cli.plan import plan
 from controlplane.cli.queue_cmds import init, reconcile, submit, up, worker
 from controlplane.cli.replay_cmd import replay
 from controlplane.errors import FleetError, SubmissionRejected
@@ -26,7 +27,8 @@ def cli(log_level: str | None) -> None:
     configure_logging(log_level)
 
 
-for command in (demo, fit, init, submit, worker, up, reconcile, status, log_command, explain, verify, replay):
+for command in (demo, fit, plan, init, submit, worker, up, reconcile, status, log_command, explain, verify,
+                replay):
     cli.add_command(command)
 
 

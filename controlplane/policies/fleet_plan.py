@@ -27,10 +27,10 @@ from controlplane.policies.fleet_plan_evidence import (
 from controlplane.policies.fleet_plan_parse import from_plain, parse_scenario_structure
 from controlplane.policies.fleet_plan_scenario import Scenario, canonical_json, scenario_digest
 from controlplane.policies.fleet_plan_stages import STAGES, run_stages
-from controlplane.policies.reasons import PolicyInputError, Reason, require, to_plain
+from controlplane.policies.reasons import Reason, require, to_plain
 
-__all__ = ["FleetPlan", "assemble_plan", "canonical_json", "plan_to_plain", "run_plan",
-           "scenario_digest", "scenario_from_plain"]
+__all__ = ["FleetPlan", "assemble_plan", "canonical_json", "plan_from_results", "plan_to_plain",
+           "run_plan", "scenario_digest", "scenario_from_plain"]
 
 
 @dataclass(frozen=True)
@@ -104,10 +104,12 @@ def assemble_plan(results: Results) -> dict[str, Any]:
     }
 
 
+def plan_from_results(results: Results) -> FleetPlan:
+    """The typed plan from every stage's plain result, fresh or read back from a log: equal
+    results give plans whose `plan_to_plain` is byte-identical JSON (reason facts key-sorted)."""
+    return from_plain(FleetPlan, assemble_plan(results))
+
+
 def run_plan(scenario: Scenario) -> FleetPlan:
     """Decide and grade the fleet plan; pure, deterministic, bound to its inputs by digest."""
-    plain = assemble_plan(run_stages(scenario))
-    try:
-        return from_plain(FleetPlan, plain)
-    except PolicyInputError as error:  # pragma: no cover - the stages emit exactly this shape
-        raise AssertionError(f"stage results do not form a plan: {error.field}") from error
+    return plan_from_results(run_stages(scenario))

@@ -48,6 +48,14 @@ def parse_scenario_structure(plain: object) -> Scenario:
     return scenario
 
 
+def _sorted_keys(value: object) -> object:
+    if isinstance(value, Mapping):
+        return {key: _sorted_keys(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [_sorted_keys(item) for item in value]
+    return value
+
+
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
@@ -59,8 +67,9 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def _parse(value: object, hint: Any, path: str) -> Any:
     if hint is Any:
-        # Reason facts: plain data already, kept as recorded.
-        return value
+        # Reason facts: plain data already. Key order is not part of their meaning, and a log
+        # stores them sorted, so they are rebuilt sorted: fresh and recorded results then match.
+        return _sorted_keys(value)
     if isinstance(hint, type) and is_dataclass(hint):
         return _parse_dataclass(value, hint, path)
     origin = get_origin(hint)
@@ -85,6 +94,8 @@ def _parse(value: object, hint: Any, path: str) -> Any:
         require(isinstance(value, Mapping) and all(isinstance(key, str) for key in value),
                 "not_an_object", where, f"{where} must be an object with string keys")
         assert isinstance(value, Mapping)
+        if get_args(hint)[1] is Any:
+            return _sorted_keys(value)
         return {key: _parse(item, get_args(hint)[1], _join(path, key))
                 for key, item in value.items()}
     if isinstance(hint, type) and issubclass(hint, Enum):
