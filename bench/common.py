@@ -1,8 +1,8 @@
-"""What the benchmarks share: scratch databases and Redis, worker processes, and the result table.
+"""What the benchmarks share: scratch stores and Redis, worker processes, the floor, the table.
 
-Every resource here is the benchmark's own and is removed on exit: a temporary directory for
-SQLite files, a `fleet_bench_<random>` PostgreSQL database (dropped after), a Redis db index
-(flushed before and after), and worker processes (stopped by their process ids).
+Every resource here is the benchmark's own and is removed on exit: SQLite files live in a
+temporary directory, a `fleet_bench_<random>` PostgreSQL database is dropped after, the Redis db
+index is flushed before and after, and worker processes are stopped by their process ids.
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ from redis import Redis
 from rq import Worker
 from sqlalchemy import Engine, create_engine, func, select, text
 from sqlalchemy.engine import make_url
+
+from controlplane.runtime import open_store
+from events.canonical import GENESIS_HASH
+from events.store import EventStore
+from events.tables import events_table
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_READY_TIMEOUT_SECONDS = 60.0
@@ -48,6 +53,11 @@ class Measurement:
     def per_second(self) -> float:
         return self.commands / self.seconds if self.seconds > 0 else 0.0
 
+    def as_json(self, **extra: Any) -> dict[str, Any]:
+        return {"path": self.path, "store": self.store, "workers": self.workers,
+                "commands": self.commands, "seconds": round(self.seconds, 4),
+                "decisions_per_second": round(self.per_second, 1), "note": self.note, **extra}
+
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A plain-text table: the first column left-aligned, the others right-aligned."""
@@ -59,6 +69,25 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         lines.append("  ".join(cells).rstrip())
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
+
+
+@contextmanager
+def environment(**values: str | None) -> Iterator[None]:
+    """Set (or, for None, unset) environment variables for the duration, then restore them."""
+    saved = {name: os.environ.get(name) for name in values}
+
+    def assign(settings: dict[str, str | None]) -> None:
+        for name, value in settings.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    assign(values)
+    try:
+        yield
+    finally:
+        assign(saved)
 
 
 @contextmanager
@@ -96,10 +125,39 @@ def postgres_database(admin_url: str) -> Iterator[str]:
         admin.dispose()
 
 
+def reset_log(store: EventStore) -> None:
+    """Empty the log and its projections, so runs on one database start alike."""
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM events"))
+        conn.execute(text("DELETE FROM projections"))
+        conn.execute(text("UPDATE log_head SET position = 0, hash = :h"), {"h": GENESIS_HASH})
+
+
 def log_position(engine: Engine) -> int:
     """The log's head position: how many events are stored."""
     with engine.connect() as conn:
         return int(conn.execute(text("SELECT position FROM log_head WHERE id = 1")).scalar() or 0)
+
+
+def decision_counts(engine: Engine, accepted_type: str) -> tuple[int, int]:
+    """(decision events, distinct decided commands): equal when each was decided exactly once.
+
+    Events with no command (checkpoints) are not decisions and are not counted.
+    """
+    query = select(func.count(events_table.c.command_id),
+                   func.count(events_table.c.command_id.distinct())).where(
+        events_table.c.event_type != accepted_type)
+    with engine.connect() as conn:
+        events, commands = conn.execute(query).one()
+    return int(events), int(commands)
+
+
+def check_exactly_once(engine: Engine, accepted_type: str, count: int, label: str) -> None:
+    """RuntimeError unless `count` commands were decided by `count` decision events."""
+    events, commands = decision_counts(engine, accepted_type)
+    if events != count or commands != count:
+        raise RuntimeError(f"{label}: {commands} commands decided by {events} events, "
+                           f"expected {count} each")
 
 
 def wait_for_decisions(engine: Engine, accepted_type: str, commands: int, timeout_seconds: float,
@@ -112,7 +170,8 @@ def wait_for_decisions(engine: Engine, accepted_type: str, commands: int, timeou
     """
     deadline = time.monotonic() + timeout_seconds
     while True:
-        if log_position(engine) >= 2 * commands and decision_counts(engine, accepted_type)[0] >= commands:
+        if log_position(engine) >= 2 * commands and \
+                decision_counts(engine, accepted_type)[0] >= commands:
             return time.monotonic()
         if any(process.poll() is not None for process in workers):
             raise RuntimeError("a worker process exited before every command was decided")
@@ -121,46 +180,56 @@ def wait_for_decisions(engine: Engine, accepted_type: str, commands: int, timeou
         time.sleep(0.005)
 
 
-def decision_counts(engine: Engine, accepted_type: str) -> tuple[int, int]:
-    """(decision events, distinct decided commands): equal when each was decided exactly once.
+def stored_rows(store: EventStore) -> list[dict[str, Any]]:
+    """Every stored event row exactly as stored (data as its JSON text), in position order."""
+    return list(store.read_all(raw=True))
 
-    Events with no command (checkpoints) are not decisions and are not counted.
+
+def storage_floor(database_url: str, rows: list[dict[str, Any]], store_label: str,
+                  decisions: int) -> Measurement:
+    """Bulk-insert copies of real stored rows into the emptied events table, in one transaction."""
+    store = open_store(database_url)
+    reset_log(store)
+    started = time.perf_counter()
+    with store.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
+        conn.execute(events_table.insert(), rows)
+    seconds = time.perf_counter() - started
+    reset_log(store)
+    store.engine.dispose()
+    return Measurement("floor", store_label, "-", decisions, seconds,
+                       f"one bulk insert of {len(rows)} copied event rows")
+
+
+class WorkerPool:
+    """Long-running `fleetctl worker` processes (forking RQ workers) on one database and Redis.
+
+    The pool only grows, and every worker is registered and idle before a run's clock starts, so
+    start-up (imports, reconcile) is never timed. Workers are stopped with SIGTERM (RQ's warm
+    shutdown) by process id, then killed if they linger.
     """
-    from events.tables import events_table
 
-    query = select(func.count(events_table.c.command_id),
-                   func.count(events_table.c.command_id.distinct())).where(
-        events_table.c.event_type != accepted_type)
-    with engine.connect() as conn:
-        events, commands = conn.execute(query).one()
-    return int(events), int(commands)
+    def __init__(self, env: dict[str, str], log_path: Path, connection: Redis) -> None:
+        self.env, self.log_path, self.connection = env, log_path, connection
+        self.processes: list[subprocess.Popen[bytes]] = []
 
-
-@contextmanager
-def worker_processes(count: int, env: dict[str, str], log_path: Path,
-                     connection: Redis) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """`count` long-running `fleetctl worker` processes (forking RQ workers), ready on exit of setup.
-
-    They start before the clock does, so their start-up (imports, reconcile) is not timed; they
-    are stopped with SIGTERM (RQ's warm shutdown) by process id, then SIGKILL if they linger.
-    """
-    args = [sys.executable, "-m", "controlplane.cli.main", "worker"]
-    processes: list[subprocess.Popen[bytes]] = []
-    with log_path.open("ab") as log_file:
-        try:
-            for _ in range(count):
-                processes.append(subprocess.Popen(
-                    args, cwd=ROOT, env={**os.environ, **env}, stdout=log_file,
+    def grow_to(self, count: int) -> None:
+        args = [sys.executable, "-m", "controlplane.cli.main", "worker"]
+        with self.log_path.open("ab") as log_file:
+            while len(self.processes) < count:
+                self.processes.append(subprocess.Popen(
+                    args, cwd=ROOT, env={**os.environ, **self.env}, stdout=log_file,
                     stderr=subprocess.STDOUT, start_new_session=True))
-            deadline = time.monotonic() + WORKER_READY_TIMEOUT_SECONDS
-            while Worker.count(connection=connection) < count:
-                if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
-                    raise RuntimeError(f"workers did not start; see {log_path}:\n"
-                                       + tail(log_path))
-                time.sleep(0.02)
-            yield processes
-        finally:
-            stop_processes(processes)
+        deadline = time.monotonic() + WORKER_READY_TIMEOUT_SECONDS
+        while Worker.count(connection=self.connection) < count:
+            if any(p.poll() is not None for p in self.processes) or time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not start; their log ends:\n{tail(self.log_path)}")
+            time.sleep(0.02)
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop_processes(self.processes)
 
 
 def stop_processes(processes: Sequence[subprocess.Popen[bytes]]) -> None:
@@ -172,7 +241,7 @@ def stop_processes(processes: Sequence[subprocess.Popen[bytes]]) -> None:
         try:
             process.wait(timeout=WORKER_STOP_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # the group holds only this worker and its horse
+            os.killpg(process.pid, signal.SIGKILL)  # its own session: the worker and its horse
             process.wait()
 
 
@@ -183,8 +252,9 @@ def tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
-def as_jsonable(measurement: Measurement, **extra: Any) -> dict[str, Any]:
-    return {"path": measurement.path, "store": measurement.store, "workers": measurement.workers,
-            "commands": measurement.commands, "seconds": round(measurement.seconds, 4),
-            "decisions_per_second": round(measurement.per_second, 1), "note": measurement.note,
-            **extra}
+def load_average() -> str:
+    """The 1-minute load average: a busy machine slows every row, so the output shows it."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "unknown"

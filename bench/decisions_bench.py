@@ -36,13 +36,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import (  # noqa: E402
     BenchSkipped,
     Measurement,
-    as_jsonable,
-    decision_counts,
+    WorkerPool,
+    check_exactly_once,
+    environment,
     format_table,
+    load_average,
     postgres_database,
     redis_db,
+    reset_log,
+    storage_floor,
+    stored_rows,
+    tail,
     wait_for_decisions,
-    worker_processes,
 )
 from controlplane.catalog.registry import load_catalog  # noqa: E402
 from controlplane.commands import CommandBase, command_adapter  # noqa: E402
@@ -50,9 +55,7 @@ from controlplane.decisions import ACCEPTED  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.runtime import open_store, store_for_process  # noqa: E402
 from controlplane.settings import Settings  # noqa: E402
-from events.canonical import GENESIS_HASH  # noqa: E402
 from events.store import EventStore  # noqa: E402
-from events.tables import events_table  # noqa: E402
 from workers.pipeline import submit  # noqa: E402
 
 SEED = 20251130
@@ -60,7 +63,9 @@ DEFAULT_COMMANDS = 10_000
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 WORKER_COUNTS = (1, 2, 4)
-RUN_TIMEOUT_SECONDS = 300.0
+# A run that has not finished by then (under 20 decisions/s, or a minute) is reported as stuck.
+MIN_DECISIONS_PER_SECOND = 20.0
+MIN_RUN_TIMEOUT_SECONDS = 60.0
 EMBEDDED = "sqlite+fakeredis"
 SQLITE_REDIS = "sqlite+redis"
 POSTGRES_REDIS = "postgres+redis"
@@ -104,47 +109,6 @@ def commands_for(payloads: Sequence[dict[str, Any]], run: str) -> list[CommandBa
             for p in payloads]
 
 
-def reset_log(store: EventStore) -> None:
-    """Empty the log and its projections (between runs on one PostgreSQL database)."""
-    from sqlalchemy import text
-
-    with store.engine.begin() as conn:
-        conn.execute(text("DELETE FROM events"))
-        conn.execute(text("DELETE FROM projections"))
-        conn.execute(text("UPDATE log_head SET position = 0, hash = :h"), {"h": GENESIS_HASH})
-
-
-def check_exactly_once(store: EventStore, count: int, label: str) -> None:
-    events, commands = decision_counts(store.engine, ACCEPTED)
-    if events != count or commands != count:
-        raise RuntimeError(f"{label}: {commands} commands decided by {events} events, "
-                           f"expected {count} each")
-
-
-def stored_rows(store: EventStore) -> list[dict[str, Any]]:
-    """Every stored event row, as stored (data as its JSON text), in position order."""
-    return list(store.read_all(raw=True))
-
-
-@contextmanager
-def environment(**values: str | None) -> Iterator[None]:
-    """Set (or, for None, unset) environment variables for the duration, then restore them."""
-    saved = {name: os.environ.get(name) for name in values}
-    for name, value in values.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def run_embedded(path: str, commands: list[CommandBase], batch_size: int,
                  scratch: Path) -> tuple[Measurement, list[dict[str, Any]]]:
     """Submit on the embedded default: the in-process worker decides before `submit` returns."""
@@ -161,47 +125,30 @@ def run_embedded(path: str, commands: list[CommandBase], batch_size: int,
         started = time.perf_counter()
         submit(settings, store, commands)
         seconds = time.perf_counter() - started
-    check_exactly_once(store, len(commands), f"{path} {EMBEDDED}")
+    check_exactly_once(store.engine, ACCEPTED, len(commands), f"{path} {EMBEDDED}")
     rows = stored_rows(store)
     store.engine.dispose()
     return Measurement(path, EMBEDDED, "in-process", len(commands), seconds), rows
 
 
 def run_queued(path: str, store_label: str, commands: list[CommandBase], batch_size: int,
-               database_url: str, redis_url: str, workers: int,
-               scratch: Path) -> tuple[Measurement, list[dict[str, Any]]]:
-    """Submit to real Redis with `workers` forking worker processes already waiting."""
-    store = open_store(database_url)
+               store: EventStore, redis_url: str, pool: WorkerPool) -> Measurement:
+    """Submit to real Redis with the pool's forking worker processes already waiting."""
     reset_log(store)
-    env = {"FLEET_DATABASE_URL": database_url, "FLEET_REDIS_URL": redis_url,
-           "FLEET_LOG_LEVEL": "WARNING"}
-    log_path = scratch / "workers.log"
-    with redis_db(redis_url) as connection, \
-            worker_processes(workers, env, log_path, connection) as processes:
-        settings = Settings(database_url=database_url, redis_url=redis_url, batch_size=batch_size)
-        started = time.monotonic()
-        submit(settings, store, commands)
-        finished = wait_for_decisions(store.engine, ACCEPTED, len(commands), RUN_TIMEOUT_SECONDS,
-                                      processes)
-    check_exactly_once(store, len(commands), f"{path} {store_label} x{workers}")
-    rows = stored_rows(store)
-    store.engine.dispose()
-    return Measurement(path, store_label, str(workers), len(commands), finished - started), rows
-
-
-def storage_floor(database_url: str, rows: list[dict[str, Any]], store_label: str,
-                  decisions: int) -> Measurement:
-    """Bulk-insert `rows` (copies of real stored events) in one transaction into an empty log."""
-    store = open_store(database_url)
-    reset_log(store)
-    started = time.perf_counter()
-    with store.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
-        conn.execute(events_table.insert(), rows)
-    seconds = time.perf_counter() - started
-    reset_log(store)
-    store.engine.dispose()
-    return Measurement("floor", store_label, "-", decisions, seconds,
-                       f"bulk insert of {len(rows)} copied event rows")
+    workers = len(pool.processes)
+    label = f"{path} {store_label} x{workers}"
+    settings = Settings(database_url=store.engine.url.render_as_string(hide_password=False),
+                        redis_url=redis_url, batch_size=batch_size)
+    started = time.monotonic()
+    submit(settings, store, commands)
+    timeout = max(MIN_RUN_TIMEOUT_SECONDS, len(commands) / MIN_DECISIONS_PER_SECOND)
+    try:
+        finished = wait_for_decisions(store.engine, ACCEPTED, len(commands), timeout, pool.processes)
+    except RuntimeError as error:
+        raise RuntimeError(f"{label}: {error}; the workers' log ends:\n{tail(pool.log_path)}") \
+            from None
+    check_exactly_once(store.engine, ACCEPTED, len(commands), label)
+    return Measurement(path, store_label, str(workers), len(commands), finished - started)
 
 
 class Results:
@@ -211,6 +158,7 @@ class Results:
         self.runs: list[Measurement] = []
         self.floors: dict[str, Measurement] = {}
         self.skipped: list[str] = []
+        self.failed: list[str] = []
 
     def floor_for(self, store_label: str) -> Measurement | None:
         return self.floors.get("postgres" if store_label.startswith("postgres") else "sqlite")
@@ -261,9 +209,9 @@ class Results:
         return {
             "benchmark": "decisions", "seed": SEED, "commands": commands,
             "naive_commands": naive_commands, "batch_size": batch_size,
-            "runs": [as_jsonable(m, **self.ratios(m)) for m in self.runs],
-            "floors": [as_jsonable(m) for m in self.floors.values()],
-            "skipped": self.skipped,
+            "runs": [m.as_json(**self.ratios(m)) for m in self.runs],
+            "floors": [m.as_json() for m in self.floors.values()],
+            "skipped": self.skipped, "failed": self.failed,
             "goals": [{"goal": goal, "met": met} for goal, met in self.goals()],
         }
 
@@ -295,27 +243,35 @@ def run_all(args: argparse.Namespace, results: Results, progress: Callable[[str]
                                progress)
             except BenchSkipped as skipped:
                 results.skipped.append(f"{label}: {skipped}")
+            except RuntimeError as failure:  # a stuck or wrong run: report it, run the rest
+                results.failed.append(f"{label}: {failure}")
 
 
 def run_real_store(args: argparse.Namespace, results: Results, label: str,
                    payloads: list[dict[str, Any]], naive_payloads: list[dict[str, Any]],
                    batch_size: int, scratch: Path, progress: Callable[[str], None]) -> None:
-    with redis_db(args.redis_url):  # fail fast (skip) when Redis is down
-        pass
-    with _database(label, args.postgres_url, scratch) as url:
-        for workers in WORKER_COUNTS:
-            progress(f"{label}: batched, {workers} worker(s)")
-            run, rows = run_queued("batched", label, commands_for(payloads, f"b{workers}"),
-                                   batch_size, url, args.redis_url, workers, scratch)
-            results.runs.append(run)
-            floor_key = "postgres" if label == POSTGRES_REDIS else "sqlite"
-            if floor_key not in results.floors:
-                results.floors[floor_key] = storage_floor(url, rows, floor_key, run.commands)
-        for workers in args.naive_workers:
-            progress(f"{label}: naive, {workers} worker(s)")
-            run, _ = run_queued("naive", label, commands_for(naive_payloads, f"n{workers}"), 1,
-                                url, args.redis_url, workers, scratch)
-            results.runs.append(run)
+    """Naive and batched runs on one database, the worker pool growing 1 -> 2 -> 4 between runs."""
+    floor_key = "postgres" if label == POSTGRES_REDIS else "sqlite"
+    with _database(label, args.postgres_url, scratch) as url, redis_db(args.redis_url) as redis:
+        store = open_store(url)
+        env = {"FLEET_DATABASE_URL": url, "FLEET_REDIS_URL": args.redis_url,
+               "FLEET_LOG_LEVEL": "WARNING"}
+        with WorkerPool(env, scratch / f"{label}-workers.log", redis) as pool:
+            for workers in sorted(set(WORKER_COUNTS) | set(args.naive_workers)):
+                pool.grow_to(workers)
+                if workers in args.naive_workers:
+                    progress(f"{label}: naive, {workers} worker(s)")
+                    results.runs.append(run_queued("naive", label, commands_for(
+                        naive_payloads, f"n{workers}"), 1, store, args.redis_url, pool))
+                if workers in WORKER_COUNTS:
+                    progress(f"{label}: batched, {workers} worker(s)")
+                    run = run_queued("batched", label, commands_for(payloads, f"b{workers}"),
+                                     batch_size, store, args.redis_url, pool)
+                    results.runs.append(run)
+                    if floor_key not in results.floors:
+                        results.floors[floor_key] = storage_floor(url, stored_rows(store),
+                                                                  floor_key, run.commands)
+        store.engine.dispose()
 
 
 @contextmanager
@@ -332,7 +288,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--commands", type=int, default=DEFAULT_COMMANDS,
                         help="commands per batched run (default 10,000)")
     parser.add_argument("--naive-commands", type=int, default=None,
-                        help="commands per naive run (default: a tenth of --commands, >= 20)")
+                        help="commands per naive run (default: a fiftieth of --commands, >= 20)")
     parser.add_argument("--naive-workers", type=int, nargs="+", default=[1],
                         help="worker counts for the naive runs on real Redis (default 1)")
     parser.add_argument("--only", nargs="+", default=["embedded", "sqlite", "postgres"],
@@ -345,7 +301,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.commands < 1:
         parser.error("--commands must be positive")
     if args.naive_commands is None:
-        args.naive_commands = max(20, args.commands // 10)
+        args.naive_commands = max(20, args.commands // 50)
     args.naive_commands = min(args.naive_commands, args.commands)
     return args
 
@@ -358,24 +314,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     def progress(message: str) -> None:
         print(f"... {message}", file=sys.stderr, flush=True)
 
-    started = time.monotonic()
+    started, load_before = time.monotonic(), load_average()
     run_all(args, results, progress)
+    elapsed, load_after = time.monotonic() - started, load_average()
     if args.json:
-        print(json.dumps(results.as_json(args.commands, args.naive_commands,
-                                         Settings.from_env().batch_size), indent=2))
-        return
-    print(f"decision throughput (seed {SEED}, batch size {Settings.from_env().batch_size}, "
-          f"{args.commands:,} commands batched, {args.naive_commands:,} naive; "
-          f"took {time.monotonic() - started:.0f}s)")
-    print(results.table())
-    print("naive runs use fewer commands; every rate is per command, so the ratios compare like with"
-          " like.\nx naive: against the naive run on the same store (same workers if measured,"
-          " else 1).\nfloor: one bulk insert of the batched run's own stored rows"
-          " (2 rows per decision) into an empty log.")
-    for goal, met in results.goals():
-        print(f"goal: {goal}: {'not measured' if met is None else 'met' if met else 'MISSED'}")
-    for skipped in results.skipped:
-        print(f"skipped: {skipped}")
+        report = results.as_json(args.commands, args.naive_commands, Settings.from_env().batch_size)
+        report.update(seconds=round(elapsed, 1), load_average=[load_before, load_after])
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"decision throughput (seed {SEED}, batch size {Settings.from_env().batch_size}, "
+              f"{args.commands:,} commands batched, {args.naive_commands:,} naive; took "
+              f"{elapsed:.0f}s; load average {load_before} -> {load_after} on {os.cpu_count()} CPUs)")
+        print(results.table())
+        print("naive runs use fewer commands; every rate is per command, so the ratios compare like"
+              " with like.\nx naive: against the naive run on the same store (same workers if"
+              " measured, else 1).\nfloor: one bulk insert of the rows the first batched run on that"
+              " database stored (CommandAccepted + decision events), copied, into an empty log.")
+        for goal, met in results.goals():
+            print(f"goal: {goal}: {'not measured' if met is None else 'met' if met else 'MISSED'}")
+        for line in [f"skipped: {s}" for s in results.skipped] + [f"FAILED: {f}" for f in results.failed]:
+            print(line)
+    if results.failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -92,3 +92,16 @@ def rejection(command: CommandBase, ctx: DecisionContext, error: PolicyInputErro
                                                              {"field": error.field})],
                          result={}, policy=None, inputs=command.payload(), ctx=ctx)
     return [append_to(stream_id, ctx, new_event(command, ctx, "rejected", REJECTED, data))]
+
+
+def merge_appends(appends: list[StreamAppend], more: list[StreamAppend]) -> list[StreamAppend]:
+    """Combine appends so each stream appears once, at the version first read."""
+    merged: dict[str, StreamAppend] = {a.stream_id: a for a in appends}
+    for extra in more:
+        if extra.stream_id in merged:
+            base = merged[extra.stream_id]
+            merged[extra.stream_id] = StreamAppend(base.stream_id, base.expected_version,
+                                                   [*base.events, *extra.events])
+        else:
+            merged[extra.stream_id] = extra
+    return list(merged.values())

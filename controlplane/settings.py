@@ -25,6 +25,10 @@ def _positive_int(name: str, default: int) -> int:
     return value
 
 
+def _queue_from_env() -> str:
+    return os.environ.get("FLEET_QUEUE") or COMMAND_QUEUE
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where the log lives, where the queue lives, and how work is batched."""
@@ -35,7 +39,7 @@ class Settings:
     job_timeout_seconds: int = 600
     result_ttl_seconds: int = 3_600
     failure_ttl_seconds: int = 7 * 24 * 3_600
-    queues: tuple[str, ...] = field(default=(COMMAND_QUEUE,))
+    queues: tuple[str, ...] = field(default_factory=lambda: (_queue_from_env(),))
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -45,6 +49,11 @@ class Settings:
             batch_size=_positive_int("FLEET_BATCH_SIZE", 200),
             job_timeout_seconds=_positive_int("FLEET_JOB_TIMEOUT_SECONDS", 600),
         )
+
+    @property
+    def command_queue(self) -> str:
+        """The queue commands are enqueued on (`FLEET_QUEUE`; fleets may share one Redis)."""
+        return self.queues[0]
 
     @property
     def embedded_queue(self) -> bool:

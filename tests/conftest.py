@@ -75,17 +75,28 @@ def store(database_url: str) -> Iterator[EventStore]:
     event_store.engine.dispose()
 
 
+def forget_queue(connection: Redis, queue_name: str) -> None:
+    """Delete every key of one queue (its list, registries, jobs, results): as if Redis lost it."""
+    keys = list(connection.scan_iter(match=f"*{queue_name}*", count=1_000))
+    if keys:
+        connection.delete(*keys)
+
+
 @pytest.fixture
 def real_redis(monkeypatch: pytest.MonkeyPatch) -> Iterator[Redis]:
-    """The real test Redis (its own db index), flushed before and after; exported for workers."""
+    """The real test Redis with a queue of this test's own, removed after; exported for workers.
+
+    A private queue name (not FLUSHDB) keeps concurrent test runs on one server apart.
+    """
     if not REDIS_URL:
         pytest.skip("FLEET_TEST_REDIS_URL is not set")
     connection = Redis.from_url(REDIS_URL)
     connection.ping()  # fails loudly if the server is unreachable
-    connection.flushdb()
+    queue_name = f"fleet-test-{uuid.uuid4().hex[:12]}"
     monkeypatch.setenv("FLEET_REDIS_URL", REDIS_URL)
+    monkeypatch.setenv("FLEET_QUEUE", queue_name)
     yield connection
-    connection.flushdb()
+    forget_queue(connection, queue_name)
     connection.close()
 
 
@@ -94,6 +105,7 @@ def queue_redis(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     """A queue connection: a private fake Redis, or the real one."""
     if request.param == "fakeredis":
         monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+        monkeypatch.setenv("FLEET_QUEUE", "fleet-commands")
         return fakeredis.FakeRedis(server=fakeredis.FakeServer())
     return request.getfixturevalue("real_redis")  # type: ignore[no-any-return]
 

@@ -16,6 +16,7 @@ from controlplane.cli.output import fail
 from controlplane.cli.plan import plan
 from controlplane.cli.queue_cmds import init, reconcile, submit, up, worker
 from controlplane.cli.replay_cmd import replay
+from controlplane.cli.simulate import simulate
 from controlplane.errors import FleetError, SubmissionRejected
 from controlplane.logging import configure_logging
 
@@ -28,7 +29,7 @@ def cli(log_level: str | None) -> None:
 
 
 for command in (demo, fit, plan, init, submit, worker, up, reconcile, status, log_command, explain, verify,
-                replay):
+                replay, simulate):
     cli.add_command(command)
 
 

@@ -35,6 +35,7 @@ from controlplane.policies.reasons import Reason, to_plain
 from controlplane.state import gateway as gw
 from controlplane.state.fold import apply_event
 from events.model import NewEvent, RecordedEvent, StreamAppend, derived_event_id
+from events.projections import SqlProjections
 from events.store import EventStore, LogTransaction
 
 log = structlog.get_logger(__name__)
@@ -58,6 +59,10 @@ def execute_dispatch(store: EventStore, event: RecordedEvent) -> None:
 
 def _execute(store: EventStore, event: RecordedEvent) -> None:
     dispatch = event.data["result"]
+    if not _still_dispatching(store, dispatch):
+        # Reconciled from evidence before we got here (it can only narrow, never widen, the calls).
+        log.warning("gateway_call_skipped_after_reconcile", command_id=event.command_id)
+        return
     request = _request(store, event, dispatch)
     try:
         result = adapter_for(dispatch["adapter_kind"]).call(request)
@@ -75,6 +80,13 @@ def _execute(store: EventStore, event: RecordedEvent) -> None:
         log.warning("gateway_persist_failed", command_id=event.command_id, error=repr(error))
         _record(store, event, _unknown(event, "persist_failed", type(error).__name__),
                 fail=fault == "persist_and_mark_fail")
+
+
+def _still_dispatching(store: EventStore, dispatch: dict[str, Any]) -> bool:
+    with store.engine.connect() as conn:
+        operation = SqlProjections(conn).get(
+            gw.OPERATIONS, gw.operation_key(dispatch["tenant"], dispatch["idempotency_key"]))
+    return operation is not None and operation["state"] == "dispatching"
 
 
 def _request(store: EventStore, event: RecordedEvent, dispatch: dict[str, Any]) -> AdapterRequest:

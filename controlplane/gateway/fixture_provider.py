@@ -78,12 +78,10 @@ class FixtureProvider:
         """Append one invocation to the ledger; returns how many calls its route has now had."""
         with self._locked():
             count = 1 + sum(1 for call in self._read_calls() if call["route_id"] == entry["route_id"])
-            line = json.dumps({**entry, "route_call_number": count, "pid": os.getpid()},
-                              sort_keys=True)
+            line = json.dumps({**entry, "route_call_number": count, "pid": os.getpid(),
+                               "parent_pid": os.getppid()}, sort_keys=True)
             with open(self.ledger, "a", encoding="utf-8") as handle:
-                handle.write(line + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
+                handle.write(line + "\n")  # flushed on close: it outlives the process
         return count
 
     def _read_calls(self) -> list[dict[str, Any]]:

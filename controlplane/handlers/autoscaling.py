@@ -27,8 +27,8 @@ from controlplane.decisions import (
     new_event,
     rejection,
 )
+from controlplane.decisions import merge_appends
 from controlplane.handlers.base import Handler
-from controlplane.handlers.fleet import _merge as merge_appends
 from controlplane.handlers.placement import release_events
 from controlplane.policies.autoscaling import (
     AutoscalingPolicy,
@@ -146,10 +146,10 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
               "last_scale_at_seconds": now if acted else row["last_scale_at_seconds"]}
     inputs = {"command": command.payload(), "state": state,
               "window": window, "pool": {"ready": pool["ready"], "warming": pool["warming"]}}
+    # A hold is explained by the last scale change (its cooldown or window); an action by demand.
+    held_by = row["last_scale_event_id"] if not acted else None
     data = decision_data(outcome=decision.action.value, reasons=reasons, result=result,
-                         policy=policy, inputs=inputs, ctx=ctx,
-                         causes=[row["last_decision_event_id"]] if row["last_decision_event_id"]
-                         else [])
+                         policy=policy, inputs=inputs, ctx=ctx, causes=[held_by] if held_by else [])
     decided = new_event(command, ctx, "decision", SCALE_DECIDED, data)
     appends = [append_to(stream, ctx, decided)]
     appends += [issue_command(command, ctx, child, decided.event_id) for child in children]

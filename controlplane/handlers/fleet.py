@@ -7,7 +7,14 @@ from controlplane.catalog.registry import load_catalog
 from controlplane.catalog.sizing import model_memory
 from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import CordonNode, DrainNode, RegisterModel, RegisterNode, SetPolicy
-from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
+from controlplane.decisions import (
+    DecisionContext,
+    append_to,
+    decision_data,
+    merge_appends,
+    new_event,
+    rejection,
+)
 from controlplane.errors import InputError
 from controlplane.handlers.base import Handler, Precheck
 from controlplane.handlers.placement import release_events
@@ -71,22 +78,9 @@ def handle_drain_node(command: CommandBase, ctx: DecisionContext) -> list[Stream
     for replica_id in replicas:
         replica = ctx.state.get(REPLICA, replica_id)
         if replica is not None:
-            appends = _merge(appends, release_events(command, ctx, replica, "node_drained",
+            appends = merge_appends(appends, release_events(command, ctx, replica, "node_drained",
                                                      decision.event_id))
     return appends
-
-
-def _merge(appends: list[StreamAppend], more: list[StreamAppend]) -> list[StreamAppend]:
-    """Combine appends so each stream appears once, at the version first read."""
-    merged: dict[str, StreamAppend] = {a.stream_id: a for a in appends}
-    for extra in more:
-        if extra.stream_id in merged:
-            base = merged[extra.stream_id]
-            merged[extra.stream_id] = StreamAppend(base.stream_id, base.expected_version,
-                                                   [*base.events, *extra.events])
-        else:
-            merged[extra.stream_id] = extra
-    return list(merged.values())
 
 
 def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:

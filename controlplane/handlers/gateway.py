@@ -190,7 +190,7 @@ def handle_dispatch(command: CommandBase, ctx: DecisionContext) -> list[StreamAp
         return _denied(command, ctx, policy, request_fingerprint, identity,
                        step_summary((identity,)), [])
     existing = ctx.state.get(gw.OPERATIONS, gw.operation_key(command.tenant, command.idempotency_key))
-    if existing is not None and existing["state"] not in ("unknown", "failed"):
+    if existing is not None:
         return _replay(command, ctx, policy, request_fingerprint, existing)
     view = gateway_view(ctx.state, command.tenant, command.principal_id, command.pointer_name)
     admission = admit(request, view)

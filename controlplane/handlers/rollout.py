@@ -91,13 +91,14 @@ def handle_start_rollout(command: CommandBase, ctx: DecisionContext) -> list[Str
         return _refuse(command, ctx, "quantization_requirements_missing",
                        "quantization_requirements", "a required quantization gate needs thresholds",
                        command.rollout_id)
-    rollout = {"rollout_id": command.rollout_id, "pool_id": command.pool_id,
-               "baseline_revision": command.baseline_revision,
-               "candidate_revision": command.candidate_revision, "requirements": requirements,
-               "quantization_requirements": quantization,
-               "requirements_version": policy.version if policy is not None else "declared",
-               "stage": RolloutStage.WARMUP.value, "canary_step": 0,
-               "candidate_traffic_percent": 0.0, "deciding_codes": []}
+    rollout: dict[str, Any] = {
+        "rollout_id": command.rollout_id, "pool_id": command.pool_id,
+        "baseline_revision": command.baseline_revision,
+        "candidate_revision": command.candidate_revision, "requirements": requirements,
+        "quantization_requirements": quantization,
+        "requirements_version": policy.version if policy is not None else "declared",
+        "stage": RolloutStage.WARMUP.value, "canary_step": 0, "candidate_traffic_percent": 0.0,
+        "deciding_codes": []}
     reason = Reason("rollout_started", "candidate warms up with zero user traffic",
                     {"stage": "warmup", "canary_traffic_percents":
                      requirements["canary_traffic_percents"]})

@@ -25,7 +25,8 @@ TEMPLATE_FIELDS = ("model_id", "max_live_tokens_per_request", "target_concurrenc
 def empty_autoscaler(pool_id: str) -> dict[str, Any]:
     """A pool's autoscaler before anything happened to it."""
     return {"pool_id": pool_id, "desired_replicas": None, "last_scale_at_seconds": None,
-            "last_action": None, "last_decision_event_id": None, "window": [],
+            "last_action": None, "last_decision_event_id": None, "last_scale_event_id": None,
+            "window": [],
             "replica_template": None, "members": {}, "pending_placements": [],
             "replicas_issued": 0}
 
@@ -56,6 +57,8 @@ def _scale_decided(state: StateStore, event: RecordedEvent) -> None:
         desired_replicas=result["desired_replicas_after"],
         last_scale_at_seconds=result["last_scale_at_seconds"], last_action=result["action"],
         last_decision_event_id=event.event_id,
+        last_scale_event_id=event.event_id if result["action"] != "hold"
+        else row["last_scale_event_id"],
         window=next_window(row["window"] + result["observations"],
                            result["window_keep_from_seconds"], result["window_limit"]),
         pending_placements=row["pending_placements"]

@@ -33,7 +33,7 @@ def _rollout_started(state: StateStore, event: RecordedEvent) -> None:
     state.put(ROLLOUT, result["rollout_id"], {
         **result, "gates": {}, "latest_measurement_id": None, "measurements": 0,
         "started_event_id": event.event_id, "last_decision_event_id": event.event_id,
-        "transitions": []})
+        "last_evaluation_event_id": None, "transitions": []})
     state.put(ENTITY, f"rollout/{result['rollout_id']}", {})
 
 
@@ -63,7 +63,9 @@ def _stage_decided(state: StateStore, event: RecordedEvent) -> None:
     state.put(ROLLOUT, result["rollout_id"], {
         **rollout, "stage": result["to_stage"], "canary_step": result["canary_step"],
         "candidate_traffic_percent": result["candidate_traffic_percent"],
-        "deciding_codes": result["deciding_codes"], "last_decision_event_id": event.event_id,
+        "deciding_codes": result["deciding_codes"], "last_evaluation_event_id": event.event_id,
+        # A hold changes nothing, so later decisions are caused by the last rung actually moved.
+        "last_decision_event_id": event.event_id if moved else rollout["last_decision_event_id"],
         "transitions": transitions})
     key = measurement_key(result["rollout_id"], result["measurement_id"])
     measurement = state.get(ROLLOUT_MEASUREMENT, key)

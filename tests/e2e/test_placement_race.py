@@ -13,7 +13,6 @@ import pytest
 from redis import Redis
 
 from controlplane.commands import command_adapter
-from controlplane.decisions import ACCEPTED
 from controlplane.replay import compare_with_live, verify_decisions
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
@@ -49,10 +48,10 @@ def assert_guarantees(store: EventStore) -> None:
     holds: Counter[tuple[str, str]] = Counter()
     outcomes: Counter[str] = Counter()
     for event in store.read_all():
-        if event.event_type != ACCEPTED and event.command_id and event.command_id.startswith("place-"):
-            if event.event_type in ("ReplicaPlaced", "PlacementRefused"):
-                decided[event.command_id] += 1
-                outcomes[event.event_type] += 1
+        if (event.event_type in ("ReplicaPlaced", "PlacementRefused") and event.command_id
+                and event.command_id.startswith("place-")):
+            decided[event.command_id] += 1
+            outcomes[event.event_type] += 1
         if event.event_type == "GpusReserved":
             for gpu_id in event.data["result"]["gpu_ids"]:
                 holds[(event.data["result"]["node_id"], gpu_id)] += 1

@@ -137,6 +137,7 @@ def test_a_scale_up_inside_the_cooldown_holds_and_what_if_a_shorter_cooldown_wou
     held = decision(store, "load-2")
     assert held.data["outcome"] == "hold"
     assert held.data["reasons"][0]["code"] == "scale_up_inside_cooldown"
+    assert held.data["causes"] == [decision(store, "load-1").event_id]  # the change it waits on
     policy_file = tmp_path / "policy.json"
     policy_file.write_text(json.dumps({"autoscaling": {
         "service_tokens_per_second_per_replica": SERVICE, "target_utilization": 1.0,
@@ -156,7 +157,7 @@ def test_follow_up_placements_are_enqueued_and_worked_by_a_real_worker(
     accepted = accept(store, [command_adapter.validate_python(observe("load-1", 10, 250.0))])
     enqueue_commands(queue_redis, Settings(), accepted)
     forking = not queue_redis.__class__.__module__.startswith("fakeredis")
-    work(queue_redis, ["fleet-commands"], burst=True, forking=forking)
+    work(queue_redis, [Settings.from_env().command_queue], burst=True, forking=forking)
     assert pending_command_ids(store) == []
     assert sorted(pool(store)["warming"]) == ["chat-as1", "chat-as2"]
     assert_replay_exact(store)

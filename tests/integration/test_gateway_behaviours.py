@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,7 +46,7 @@ def budget_figures(gateway: GatewayDriver) -> tuple[int, int]:
     return budget["reserved_units"], budget["committed_units"]
 
 
-def assert_denied_without_trace(gateway: GatewayDriver, response: dict, key: str, step: str,
+def assert_denied_without_trace(gateway: GatewayDriver, response: dict[str, Any], key: str, step: str,
                                 code: str, tenant: str = "acme") -> None:
     """A denial in steps 1 to 4: its code, one audit event, no operation, no call (spec G5, G6)."""
     assert (response["outcome"], response["step"], response["code"]) == ("denied", step, code)
@@ -119,7 +120,7 @@ def test_3_an_unknown_profile_or_unvetted_provider_is_denied_at_select(
     ("k4d", {"capabilities_requested": ["tools"]}, "capability_not_allowed"),
 ])
 def test_4_context_and_output_bounds_deny_before_anything_is_reserved(
-        gateway: GatewayDriver, key: str, fields: dict, code: str) -> None:
+        gateway: GatewayDriver, key: str, fields: dict[str, Any], code: str) -> None:
     assert_denied_without_trace(gateway, gateway.send(dispatch("alice", key, **fields)), key,
                                 "bound", code)
     assert budget_figures(gateway) == (0, 0)

@@ -14,6 +14,7 @@ from controlplane.decisions import ACCEPTED
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
+from tests.conftest import forget_queue
 from tests.factories import assess_memory
 from workers.queue import command_queue, enqueue_commands
 from workers.runner import work
@@ -32,7 +33,7 @@ def decision_counts(store: EventStore) -> Counter[str]:
 def run_workers(connection: Redis) -> None:
     # A forking worker needs a real Redis; the fake lives in this process's memory.
     forking = not connection.__class__.__module__.startswith("fakeredis")
-    work(connection, ["fleet-commands"], burst=True, forking=forking)
+    work(connection, [Settings.from_env().command_queue], burst=True, forking=forking)
 
 
 @pytest.mark.slow
@@ -74,7 +75,7 @@ def test_reconcile_decides_every_command_after_the_queue_is_lost(
         store: EventStore, queue_redis: Redis) -> None:
     accepted = accept(store, commands(200))
     enqueue_commands(queue_redis, Settings(batch_size=50), accepted)
-    queue_redis.flushdb()  # Redis lost everything after submission
+    forget_queue(queue_redis, Settings.from_env().command_queue)  # Redis lost the queue
     assert command_queue(queue_redis).count == 0
     assert len(pending_command_ids(store)) == 200
     enqueue_commands(queue_redis, Settings(batch_size=50), pending_command_ids(store))

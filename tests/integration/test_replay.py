@@ -24,7 +24,7 @@ def decide_through_the_queue(store: EventStore, payloads: list[dict]) -> None:
     connection = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     accepted = accept(store, [command_adapter.validate_python(p) for p in payloads])
     enqueue_commands(connection, Settings(batch_size=250), accepted)
-    work(connection, ["fleet-commands"], burst=True, forking=False)
+    work(connection, [Settings.from_env().command_queue], burst=True, forking=False)
 
 
 def thousand_commands() -> list[dict]:

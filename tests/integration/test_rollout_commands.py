@@ -126,6 +126,7 @@ def test_immature_evidence_holds_shadow_never_promotes_and_evidence_moves_the_la
     run(store, measure("warm", "shadow"), measure("few", "shadow", sample_count=10))
     held = evaluation(store, "few")
     assert (held.event_type, held.data["reasons"][0]["code"]) == ("RolloutHeld", "insufficient_samples")
+    assert held.data["causes"] == [decision(store, "few").event_id, evaluation(store, "warm").event_id]
     run(store, measure("passing-shadow", "shadow"))
     assert rollout(store)["stage"] == "canary"  # shadow passes into the canary, never to promotion
     run(store, {"type": "EvaluateCanary", "command_id": "again", "rollout_id": "ro1",

@@ -24,7 +24,7 @@ from controlplane.policies.gateway import (
     Step,
     Tenant,
 )
-from controlplane.policies.gateway_admission import GatewayView, admit
+from controlplane.policies.gateway_admission import Admission, GatewayView, admit
 from controlplane.policies.gateway_bound import bound_request
 from controlplane.policies.gateway_budget import BudgetState
 from controlplane.policies.gateway_select import resolve_release, select_route
@@ -67,6 +67,11 @@ def request(input_words: int = 100, max_output: int | None = 256, **fields: obje
     return DispatchRequest(**{"tenant_id": "acme", "principal_id": "alice", "idempotency_key": "k",
                               "pointer_name": "acme/assistant", "input_text": words(input_words),
                               "max_output_tokens": max_output, **fields})  # type: ignore[arg-type]
+
+
+def denial_code(admission: Admission) -> str:
+    assert admission.denial is not None
+    return admission.denial.code
 
 
 def chosen(routes: tuple[Route, ...], policy: NetworkPolicy = NetworkPolicy.PRIVATE_ONLY,
@@ -167,15 +172,15 @@ def test_every_failing_bound_is_reported_in_a_fixed_order() -> None:
 
 
 def test_a_caller_cannot_loosen_but_may_tighten_the_network_policy() -> None:
-    assert admit(request(network_preference=NetworkPreference.HOSTED), VIEW).denial.code == \
-        "network_policy_downgrade"  # type: ignore[union-attr]
+    assert denial_code(admit(request(network_preference=NetworkPreference.HOSTED), VIEW)) == \
+        "network_policy_downgrade"
     beta_view = replace(VIEW, tenant=BETA, principal=Principal("carol", "beta", True),
                         pointer=ReleasePointer("beta/assistant", "beta", "rel-1", 1),
                         routes=(replace(SH1, ready=False), HC1))
     carol = request(principal_id="carol", tenant_id="beta", pointer_name="beta/assistant")
     assert admit(carol, beta_view).plan.route_id == "hc-1"  # type: ignore[union-attr]
     strict = replace(carol, network_preference=NetworkPreference.PRIVATE)
-    assert admit(strict, beta_view).denial.code == "route_not_ready"  # type: ignore[union-attr]
+    assert denial_code(admit(strict, beta_view)) == "route_not_ready"
 
 
 def test_quota_is_checked_before_any_plan_exists_and_leaves_the_budget_unchanged() -> None:
@@ -190,7 +195,7 @@ def test_quota_is_checked_before_any_plan_exists_and_leaves_the_budget_unchanged
 def test_the_pointer_is_resolved_before_evidence_and_evidence_before_routes() -> None:
     revoked = {**SOURCES, "doc-b": replace(SOURCES["doc-b"], active=False)}
     no_pointer = replace(VIEW, pointer=None, bundle=None, sources=revoked)
-    assert admit(request(), no_pointer).denial.code == "release_pointer_missing"  # type: ignore[union-attr]
+    assert denial_code(admit(request(), no_pointer)) == "release_pointer_missing"
     broken = replace(VIEW, sources=revoked, routes=())
     denial = admit(request(), broken).denial
     assert denial is not None and (denial.step, denial.code) == (Step.AUTHORISE, "source_revoked")

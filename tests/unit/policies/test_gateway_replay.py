@@ -48,7 +48,7 @@ def test_the_fingerprint_ignores_tenant_and_key_but_not_principal_pointer_or_inp
                    {"network_preference": NetworkPreference.PRIVATE},
                    {"capabilities_requested": frozenset({"tools"})},
                    {"source_refs": (SourceRef("doc-a", 3),)}):
-        assert fingerprint(replace(REQUEST, **change)) != STORED.fingerprint, change  # type: ignore[arg-type]
+        assert fingerprint(replace(REQUEST, **change)) != STORED.fingerprint, change
 
 
 def test_the_fingerprint_does_not_depend_on_the_order_of_sets() -> None:

@@ -1,0 +1,63 @@
+"""Run every `bench/*_bench.py` script, one after another, and print each one's output.
+
+Run `python bench/run_all.py [--timeout SECONDS] [NAME ...]` (`make bench` runs it). Scripts are
+discovered, not listed, so a new benchmark needs no edit here; NAME filters by substring. Each
+script runs in its own process with this interpreter, its progress (stderr) passed through; a
+script that fails or outlives the timeout is reported, and the exit code is 1 if any did.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_TIMEOUT_SECONDS = 900.0
+
+
+def discover(names: Sequence[str]) -> list[Path]:
+    """The benchmark scripts in name order, those matching any of `names` when given."""
+    scripts = sorted(BENCH_DIR.glob("*_bench.py"))
+    return [s for s in scripts if not names or any(name in s.name for name in names)]
+
+
+def run_script(script: Path, timeout_seconds: float) -> tuple[int | None, float]:
+    """Run one script, its stdout printed as it comes; (exit code or None on timeout, seconds)."""
+    started = time.monotonic()
+    try:
+        completed = subprocess.run([sys.executable, str(script)], cwd=BENCH_DIR.parent,
+                                   timeout=timeout_seconds, check=False)
+    except subprocess.TimeoutExpired:
+        return None, time.monotonic() - started
+    return completed.returncode, time.monotonic() - started
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="run only scripts whose file name contains one")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
+                        help="seconds each script may take (default 900)")
+    args = parser.parse_args(argv)
+    scripts = discover(args.names)
+    if not scripts:
+        print("no benchmark script matched", file=sys.stderr)
+        sys.exit(2)
+    summary = []
+    for script in scripts:
+        print(f"=== {script.name}", flush=True)
+        code, seconds = run_script(script, args.timeout)
+        status = "timed out" if code is None else "ok" if code == 0 else f"exit {code}"
+        summary.append((script.name, status, seconds))
+        print(f"=== {script.name}: {status} in {seconds:.0f}s\n", flush=True)
+    for name, status, seconds in summary:
+        print(f"{name:<28}{status:>12}{seconds:>8.0f}s")
+    if any(status != "ok" for _, status, _ in summary):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

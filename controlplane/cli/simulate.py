@@ -1,0 +1,122 @@
+"""`fleetctl simulate TRACE`: replay a production trace through the control plane on a virtual clock.
+
+Exit 0 when the run completes; 2 for a bad trace (file and line named), option or log path;
+1 when the control plane refuses to place even the first replica.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from controlplane.cli.output import emit
+from controlplane.errors import InputError
+from controlplane.runtime import open_store
+from controlplane.simulation.chart import write_chart
+from controlplane.simulation.config import SimulationConfig
+from controlplane.simulation.report import build_report, render
+from controlplane.simulation.routing import Routing
+from controlplane.simulation.run import Simulation
+from controlplane.simulation.store import SimulationStore
+from controlplane.simulation.traces import read_trace
+
+ProgressCallback = Callable[[int, int], None]
+
+
+def _log_url(log: str, overwrite: bool) -> str:
+    """The simulation's own log: a fresh SQLite file (or an empty database named by URL)."""
+    if "://" in log:
+        return log
+    path = Path(log)
+    if path.exists():
+        if not overwrite:
+            raise InputError(f"--log {log} already exists; pass --overwrite or another --log "
+                             "(a simulation writes a log of its own)")
+        for stale in (path, Path(f"{log}-wal"), Path(f"{log}-shm")):
+            stale.unlink(missing_ok=True)
+    return f"sqlite:///{path}"
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[ProgressCallback | None]:
+    """A progress bar on stderr when it is a terminal; nothing otherwise."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("simulating", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("requests", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+        yield update
+
+
+@click.command("simulate")
+@click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--limit", type=click.IntRange(min=1), help="Simulate only the first N requests.")
+@click.option("--routing", type=click.Choice([r.value for r in Routing]), default="prefix",
+              show_default=True, help="Prefix-aware (longest cached prefix) or round-robin.")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Replicas placed and ready at the start.")
+@click.option("--min-replicas", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--max-replicas", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--no-autoscale", is_flag=True, help="Keep the initial replicas throughout.")
+@click.option("--no-rollout", is_flag=True, help="Run no canary rollout.")
+@click.option("--model", "model_id", default="meta-llama/Llama-3.1-8B", show_default=True,
+              help="Catalog model id.")
+@click.option("--gpu", "gpu_id", default="H100-SXM-80GB", show_default=True,
+              help="Catalog GPU id or alias.")
+@click.option("--speedup", type=click.FloatRange(min=0, min_open=True, max=1e6), default=1.0,
+              show_default=True, help="Arrivals come this many times faster than the trace.")
+@click.option("--control-interval", type=click.FloatRange(min=0.01, max=3600), default=2.0,
+              show_default=True, help="Seconds between control ticks (completion reports).")
+@click.option("--warmup-seconds", type=click.FloatRange(min=0.01, max=86_400), default=60.0,
+              show_default=True, help="Load time of a replica the autoscaler adds.")
+@click.option("--deadline-seconds", type=click.FloatRange(min=0.01, max=86_400), default=60.0,
+              show_default=True, help="Each request's deadline after its arrival.")
+@click.option("--chart", "chart_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=Path("simulation.svg"), show_default=True, help="Where to write the SVG chart.")
+@click.option("--no-chart", is_flag=True, help="Write no chart.")
+@click.option("--log", "log", default="simulation.db", show_default=True,
+              help="The run's own log: a SQLite file (or an empty database URL).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing --log file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def simulate(trace: Path, limit: int | None, routing: str, replicas: int, min_replicas: int,
+             max_replicas: int, no_autoscale: bool, no_rollout: bool, model_id: str, gpu_id: str,
+             speedup: float, control_interval: float, warmup_seconds: float,
+             deadline_seconds: float, chart_path: Path, no_chart: bool, log: str,
+             overwrite: bool, as_json: bool) -> int:
+    """Drive admission, routing, autoscaling and a rollout through the log from a TRACE."""
+    if not no_chart and chart_path.suffix.lower() != ".svg":
+        raise InputError(f"--chart {chart_path}: only SVG charts are written (use a .svg name)")
+    config = SimulationConfig(
+        routing=Routing(routing), model_id=model_id, gpu_id=gpu_id, initial_replicas=replicas,
+        min_replicas=min_replicas, max_replicas=max_replicas, speedup=speedup,
+        control_interval_seconds=control_interval, autoscale=not no_autoscale,
+        warmup_seconds=warmup_seconds, deadline_seconds=deadline_seconds,
+        rollout=not no_rollout).validate()
+    requests = read_trace(trace, limit)
+    url = _log_url(log, overwrite)
+    store = open_store(url)
+    if store.head()[0] != 0:
+        raise InputError(f"--log {log} already holds events; a simulation needs an empty log")
+    simulation_store = SimulationStore(store.engine)
+    with _progress(sys.stderr.isatty()) as progress:
+        started = time.perf_counter()
+        run = Simulation(requests, config, simulation_store, progress).run()
+        wall_seconds = time.perf_counter() - started
+    report = build_report(run, wall_seconds, url, None if no_chart else str(chart_path))
+    if not no_chart:
+        write_chart(report, chart_path)
+    store.engine.dispose()
+    emit(report, as_json, render)
+    return 0

@@ -1,0 +1,57 @@
+"""What a simulation run is asked to do; every default runs the Azure conversation trace whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.errors import InputError
+from controlplane.simulation.routing import Routing
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """Fleet, routing and control-loop settings of one run (times in virtual seconds)."""
+
+    routing: Routing = Routing.PREFIX
+    model_id: str = "meta-llama/Llama-3.1-8B"
+    gpu_id: str = "H100-SXM-80GB"
+    initial_replicas: int = 1
+    min_replicas: int = 1
+    max_replicas: int = 8
+    gpus_per_node: int = 8
+    pool_id: str = "sim"
+    speedup: float = 1.0  # arrivals come this many times faster than the trace says
+    control_interval_seconds: float = 2.0  # completions are reported to admission this often
+    autoscale: bool = True
+    autoscale_interval_seconds: float = 15.0
+    service_tokens_per_second: float | None = None  # autoscaler calibration; None: from costs
+    warmup_seconds: float = 60.0  # a new replica loads weights this long before it is ready
+    deadline_seconds: float = 60.0  # each request's deadline after its arrival
+    max_queued_requests: int = 256
+    rollout: bool = True
+    rollout_start_fraction: float = 0.1  # of the trace's span
+    rollout_interval_seconds: float = 60.0
+    canary_min_samples: int = 50
+    canary_traffic_percents: tuple[float, ...] = (10.0, 50.0)
+
+    def validate(self) -> SimulationConfig:
+        """Refuse settings no run can honour; returns self."""
+        problems = []
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            problems.append("need 1 <= --min-replicas <= --max-replicas")
+        if not 1 <= self.initial_replicas <= self.max_replicas:
+            problems.append("need 1 <= --replicas <= --max-replicas")
+        for name in ("speedup", "control_interval_seconds", "autoscale_interval_seconds",
+                     "warmup_seconds", "deadline_seconds", "rollout_interval_seconds"):
+            value = getattr(self, name)
+            if not value > 0 or value != value or value == float("inf"):
+                problems.append(f"{name} must be a positive finite number")
+        if self.service_tokens_per_second is not None and not self.service_tokens_per_second > 0:
+            problems.append("the service rate must be positive")
+        if not 0 <= self.rollout_start_fraction <= 1:
+            problems.append("rollout_start_fraction must be within 0..1")
+        if self.max_queued_requests < 0 or self.canary_min_samples < 1:
+            problems.append("queue bound must be >= 0 and canary samples >= 1")
+        if problems:
+            raise InputError("; ".join(problems))
+        return self

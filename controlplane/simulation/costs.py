@@ -1,0 +1,66 @@
+"""What one engine step costs on one replica, from the model's size and the GPU's speed.
+
+A decode step reads every weight once (memory-bound) plus each running request's cached KV; a
+prefill token costs two multiply-adds per active parameter (compute-bound). The efficiencies
+below are assumptions of the model, stated once here, not measurements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controlplane.catalog.gpus import GpuType
+from controlplane.catalog.registry import CatalogModel
+from controlplane.errors import InputError
+
+HBM_EFFICIENCY = 0.75  # share of peak memory bandwidth a decode step achieves
+PREFILL_MFU = 0.5  # share of dense bf16 peak a prefill chunk achieves
+STEP_OVERHEAD_SECONDS = 0.0005  # scheduling and sampling per engine iteration
+PREFILL_TOKENS_PER_STEP = 2_048  # chunked-prefill budget of one iteration
+MAX_RUNNING_REQUESTS = 256
+NOMINAL_BATCH_REQUESTS = 32  # the batch the autoscaler's service rate is calibrated at
+
+
+@dataclass(frozen=True)
+class EngineCosts:
+    """Seconds per engine step: `step_base_seconds`, plus per decoding request its KV read,
+    plus per prefilled token its compute. At most `prefill_tokens_per_step` prompt tokens and
+    `max_running_requests` requests share one step."""
+
+    step_base_seconds: float
+    kv_read_seconds_per_token: float
+    prefill_seconds_per_token: float
+    prefill_tokens_per_step: int = PREFILL_TOKENS_PER_STEP
+    max_running_requests: int = MAX_RUNNING_REQUESTS
+
+    def decode_seconds_per_step(self, context_tokens: float) -> float:
+        """What one decoding request with `context_tokens` of KV adds to every step."""
+        return context_tokens * self.kv_read_seconds_per_token
+
+
+def engine_costs(model: CatalogModel, gpu: GpuType, tensor_parallel: int) -> EngineCosts:
+    """Step costs of `model` on `tensor_parallel` GPUs of type `gpu`, weights and KV in bf16."""
+    if gpu.bf16_dense_tflops is None:
+        raise InputError(f"the catalog has no dense bf16 compute figure for {gpu.gpu_id}; "
+                         "pick another --gpu")
+    bandwidth_bytes_per_second = gpu.memory_bandwidth_gb_per_second * 1e9 * HBM_EFFICIENCY
+    compute_flops = gpu.bf16_dense_tflops * 1e12 * PREFILL_MFU
+    return EngineCosts(
+        step_base_seconds=STEP_OVERHEAD_SECONDS
+        + model.bf16_weight_bytes / tensor_parallel / bandwidth_bytes_per_second,
+        kv_read_seconds_per_token=model.kv_bytes_per_token_bf16 / tensor_parallel
+        / bandwidth_bytes_per_second,
+        prefill_seconds_per_token=2 * model.parameters.active / tensor_parallel / compute_flops)
+
+
+def service_tokens_per_second(costs: EngineCosts, mean_prompt_tokens: float,
+                              mean_output_tokens: float,
+                              batch_requests: int = NOMINAL_BATCH_REQUESTS) -> float:
+    """Prompt plus output tokens per second one replica serves for the mean request, with
+    `batch_requests` requests sharing each decode step: the autoscaler's service rate."""
+    context_tokens = mean_prompt_tokens + mean_output_tokens / 2
+    seconds_per_request = (
+        mean_prompt_tokens * costs.prefill_seconds_per_token
+        + mean_output_tokens * (costs.step_base_seconds / batch_requests
+                                + costs.decode_seconds_per_step(context_tokens)))
+    return (mean_prompt_tokens + mean_output_tokens) / seconds_per_request

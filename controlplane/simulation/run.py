@@ -1,0 +1,305 @@
+"""The simulation loop: a trace drives admission, routing, autoscaling and a rollout on a virtual clock.
+
+Time advances in control ticks of `control_interval_seconds`. At each tick T the gateway
+reports the completions of the last tick (`ReleaseRequest`, at T), warmed replicas become
+ready, the autoscaler and the rollout get their evidence when due; then every request that
+arrives before the next tick asks for admission (`AdmitRequest`, at its arrival time). All of
+it is decided through the log in one batch, and the decisions are acted on: admitted requests
+are routed to a ready replica at their arrival (promoted ones at T), placed replicas start
+warming, released ones drain. Between ticks the replicas' engines run (see `dataplane`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from controlplane.commands.base import CommandBase
+from controlplane.commands.fleet import MarkReplicaReady
+from controlplane.commands.traffic import AdmitRequest, ObserveLoad, ReleaseRequest, TokenObservation
+from controlplane.decisions import REJECTED
+from controlplane.policies.prefix_cache import CacheScope
+from controlplane.simulation.canary import RolloutDriver
+from controlplane.simulation.config import SimulationConfig
+from controlplane.simulation.control import ControlPlane, Decided
+from controlplane.simulation.dataplane import Job
+from controlplane.simulation.fleet import Fleet, build_fleet, replica_from
+from controlplane.simulation.routing import Router, block_prompt
+from controlplane.simulation.sampling import Samples
+from controlplane.simulation.traces import Trace
+from controlplane.simulation.world import Fate, ReplicaState, RequestState, SimReplica
+from controlplane.state.admission import REQUEST_ADMITTED, REQUEST_QUEUED, REQUEST_SHED
+from controlplane.state.fleet import REPLICA_READY, REPLICA_RELEASED
+from events.store import EventStore
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class SimulationRun:
+    """Everything a report needs: the requests' fates, the fleet's life, the log's decisions."""
+
+    config: SimulationConfig
+    trace: Trace
+    fleet: Fleet
+    requests: list[RequestState]
+    samples: Samples
+    decisions: dict[str, int]
+    end_seconds: float
+    rollout: dict[str, Any] | None
+    placements_refused: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class Simulation:
+    """One run over one trace, against one log this run owns."""
+
+    def __init__(self, trace: Trace, config: SimulationConfig, store: EventStore,
+                 progress: Progress | None = None) -> None:
+        self.trace, self.config = trace, config.validate()
+        self.control = ControlPlane(store)
+        self.progress = progress
+        self.router = Router(config.routing)
+        self.requests = [RequestState(r, r.arrival_seconds / config.speedup) for r in trace.requests]
+        self.arrival_times = [r.arrival_seconds for r in self.requests]
+        self.arrival_tokens = list(itertools.accumulate((r.tokens for r in self.requests), initial=0))
+        self.heap: list[tuple[float, int, str, Any]] = []
+        self.sequence = itertools.count()
+        self.next_arrival = 0
+        self.queue: dict[str, RequestState] = {}  # the control plane's admission queue
+        self.unrouted: list[RequestState] = []  # admitted while no replica was ready
+        self.reported: list[RequestState] = []  # completed, to be released at the next tick
+        self.scaled = 0
+        self.placements_refused = 0
+        self.samples = Samples()
+        span = self.requests[-1].arrival_seconds
+        self.rollout = RolloutDriver(config, config.model_id, config.rollout_start_fraction * span) \
+            if config.rollout else None
+        self.next_autoscale = config.autoscale_interval_seconds
+        self.fleet: Fleet
+
+    def at(self, seconds: float) -> datetime:
+        return datetime.fromtimestamp(self.trace.start_epoch_seconds + seconds, UTC)
+
+    def run(self) -> SimulationRun:
+        """Simulate until every request is served, shed or (stuck in the queue) unfinished."""
+        self.fleet = build_fleet(self.control, self.config, self.trace, self.at)
+        interval = self.config.control_interval_seconds
+        now = 0.0
+        while True:
+            self._tick(now, now + interval)
+            self.samples.take(now + interval, self.fleet, len(self.queue))
+            if self.progress is not None:
+                self.progress(self.next_arrival, len(self.requests))
+            if self._finished():
+                break
+            now = self._next_tick(now + interval)
+        end = max([now + interval] + [r.job.completed_seconds for r in self.requests
+                                      if r.job is not None and r.job.completed_seconds is not None])
+        for request in self.queue.values():
+            request.fate = Fate.UNFINISHED
+        notes = [f"{len(self.queue)} requests stayed queued with nothing running to release them"] \
+            if self.queue else []
+        return SimulationRun(self.config, self.trace, self.fleet, self.requests, self.samples,
+                             dict(self.control.decisions), end,
+                             self.rollout.summary() if self.rollout else None,
+                             self.placements_refused, notes)
+
+    def _tick(self, now: float, until: float) -> None:
+        at_now: list[CommandBase] = [ReleaseRequest(command_id=f"release-{r.trace.index}",
+                                                    at=self.at(now), actor="gateway",
+                                                    request_id=r.request_id)
+                                     for r in self.reported]
+        self.reported = []
+        for replica in self.fleet.replicas.values():
+            due = replica.ready_due_seconds
+            if replica.state is ReplicaState.WARMING and due is not None and due <= now:
+                replica.ready_due_seconds = None  # asked once; the decision says what happened
+                at_now.append(MarkReplicaReady(command_id=f"ready-{replica.replica_id}",
+                                               at=self.at(now), actor="simulation",
+                                               replica_id=replica.replica_id))
+        separate = False
+        if self.config.autoscale and now >= self.next_autoscale:
+            at_now.append(self._observe(now))
+            separate = True
+        if self.rollout is not None and self.rollout.due(now):
+            at_now += self.rollout.commands(now, self.at(now))
+            separate = True
+        if separate:  # follow-ups (placements, evaluations) are decided before later arrivals
+            self._act(self.control.run(at_now), now)
+            at_now = []
+        self._act(self.control.run(at_now + self._admissions(now, until)), now)
+        self._run_data_plane(until)
+
+    def _observe(self, now: float) -> ObserveLoad:
+        window = self.config.autoscale_interval_seconds
+        self.next_autoscale = now + window
+        start = bisect.bisect_left(self.arrival_times, now - window)
+        stop = bisect.bisect_left(self.arrival_times, now)
+        arrived = self.arrival_tokens[stop] - self.arrival_tokens[start]
+        queued = sum(r.tokens for r in self.queue.values()) + sum(
+            r.engine.waiting_tokens for r in self.fleet.replicas.values())
+        self.scaled += 1
+        return ObserveLoad(command_id=f"observe-{self.scaled}", at=self.at(now), actor="autoscaler",
+                           pool_id=self.config.pool_id, observations=[TokenObservation(
+                               observed_at=self.at(now), queued_tokens=queued,
+                               arrival_tokens_per_second=round(arrived / window, 3))])
+
+    def _admissions(self, now: float, until: float) -> list[CommandBase]:
+        ready = len(self.fleet.ready())
+        backlog = sum(r.tokens for r in self.queue.values())
+        rate = ready * self.fleet.service_tokens_per_second
+        estimate = round(backlog / rate, 3) if rate > 0 else 0.0
+        commands: list[CommandBase] = []
+        while self.next_arrival < len(self.requests) \
+                and self.requests[self.next_arrival].arrival_seconds < until:
+            request = self.requests[self.next_arrival]
+            self.next_arrival += 1
+            if self.rollout is not None:
+                request.arm = self.rollout.arm_for(request.trace.index)
+            arrival = self.at(request.arrival_seconds)
+            commands.append(AdmitRequest(
+                command_id=f"admit-{request.trace.index}", at=arrival, actor="gateway",
+                request_id=request.request_id, pool_id=self.config.pool_id,
+                prompt_tokens=request.trace.prompt_tokens,
+                max_output_tokens=request.trace.output_tokens,
+                deadline_at=self.at(request.arrival_seconds + self.config.deadline_seconds),
+                estimated_queue_seconds=min(estimate, self.config.deadline_seconds * 10)))
+        return commands
+
+    def _act(self, decided: list[Decided], now: float) -> None:
+        """Carry out what each decision said, in decision order."""
+        for item in decided:
+            kind = item.command_type
+            if kind == "AdmitRequest":
+                self._admission(item, now)
+            elif kind == "ReleaseRequest":
+                for event in item.of_type(REQUEST_ADMITTED, REQUEST_SHED):
+                    self._settle(event.data["result"]["request_id"], event.event_type,
+                                 event.data, now, promoted=True)
+            elif kind == "PlaceReplica":
+                self._placed(item, now)
+            elif kind == "MarkReplicaReady" and item.first(REPLICA_READY) is not None:
+                replica = self.fleet.replicas[item.result["replica_id"]]
+                replica.state, replica.ready_seconds = ReplicaState.READY, now
+                pending, self.unrouted = self.unrouted, []
+                for request in pending:
+                    self._push(now, "route", request)
+            for event in item.of_type(REPLICA_RELEASED):
+                released = self.fleet.replicas.get(event.data["result"]["replica_id"])
+                if released is not None:
+                    released.state, released.released_seconds = ReplicaState.RELEASED, now
+        if self.rollout is not None:
+            self.rollout.observe(decided, now)
+
+    def _admission(self, item: Decided, now: float) -> None:
+        decision = item.first(REQUEST_ADMITTED, REQUEST_QUEUED, REQUEST_SHED, REJECTED)
+        assert decision is not None, f"no admission decision for {item.command_id}"
+        request = self.requests[int(item.command_id.rsplit("-", 1)[1])]
+        self._settle(request.request_id, decision.event_type, decision.data, now, promoted=False)
+
+    def _settle(self, request_id: str, event_type: str, data: dict[str, Any], now: float,
+                promoted: bool) -> None:
+        request = self.requests[int(request_id.rsplit("-", 1)[1])]
+        self.queue.pop(request_id, None)
+        if event_type == REQUEST_ADMITTED:
+            request.fate = Fate.ADMITTED
+            request.admitted_seconds = now if promoted else request.arrival_seconds
+            self._push(request.admitted_seconds, "route", request)
+        elif event_type == REQUEST_QUEUED:
+            request.fate = Fate.QUEUED
+            self.queue[request_id] = request
+        else:
+            request.fate = Fate.SHED
+            request.shed_code = data["reasons"][0]["code"] if data.get("reasons") else "rejected"
+            if self.rollout is not None:
+                self.rollout.shed(request)
+
+    def _placed(self, item: Decided, now: float) -> None:
+        replica = replica_from(item, self.fleet, now)
+        if replica is None:
+            self.placements_refused += 1
+            return
+        replica.ready_due_seconds = now + self.config.warmup_seconds
+        self.fleet.replicas[replica.replica_id] = replica
+
+    def _push(self, when: float, kind: str, payload: Any) -> None:
+        heapq.heappush(self.heap, (when, next(self.sequence), kind, payload))
+
+    def _run_data_plane(self, until: float) -> None:
+        while self.heap and self.heap[0][0] < until:
+            when, _, kind, payload = heapq.heappop(self.heap)
+            if kind == "route":
+                self._route(payload, when)
+                continue
+            replica, version = payload
+            if version != replica.engine.version:
+                continue  # replanned since this wake-up was scheduled
+            result = replica.engine.advance()
+            for job in result.prefilled:
+                request = replica.jobs[job.request_index]
+                if request.prompt is not None:
+                    replica.prefix_cache.store(request.prompt)
+            for job in result.completed:
+                request = replica.jobs.pop(job.request_index)
+                request.fate = Fate.COMPLETED
+                replica.busy_until_seconds = max(replica.busy_until_seconds, when)
+                self.reported.append(request)
+                if self.rollout is not None:
+                    self.rollout.completed(request)
+            self._wake(replica)
+
+    def _route(self, request: RequestState, now: float) -> None:
+        ready = self.fleet.ready()
+        if not ready:
+            self.unrouted.append(request)
+            return
+        trace = request.trace
+        if trace.block_hash_ids is not None and request.prompt is None:
+            scope = CacheScope(self.rollout.revision(request.arm) if self.rollout
+                               else self.config.model_id, "tokenizer", "none", "default")
+            request.prompt = block_prompt(scope, trace.block_hash_ids, trace.prompt_tokens,
+                                          self.fleet.block_size_tokens)
+        replica = self.router.choose(ready, request.prompt)
+        saved = replica.prefix_cache.lookup(request.prompt).saved_prefill_tokens \
+            if request.prompt is not None else 0
+        request.job = Job(trace.index, trace.prompt_tokens, trace.output_tokens,
+                          trace.prompt_tokens - saved, now)
+        request.saved_prefill_tokens, request.replica_id = saved, replica.replica_id
+        replica.jobs[trace.index] = request
+        replica.engine.submit(request.job, now)
+        self._wake(replica)
+
+    def _wake(self, replica: SimReplica) -> None:
+        end = replica.engine.next_event_seconds()
+        if end is not None:
+            self._push(end, "stride", (replica, replica.engine.version))
+
+    def _finished(self) -> bool:
+        if self.next_arrival < len(self.requests) or self.reported or self.unrouted or self.heap:
+            return False
+        # Queued requests wait for a release; with nothing running none will come.
+        return all(r.engine.idle for r in self.fleet.replicas.values())
+
+    def _next_tick(self, after: float) -> float:
+        """The next tick with work to do: skip idle stretches of the trace on the tick grid."""
+        interval = self.config.control_interval_seconds
+        candidates = [self.heap[0][0]] if self.heap else []
+        if self.next_arrival < len(self.requests):
+            candidates.append(self.requests[self.next_arrival].arrival_seconds)
+        if self.reported or self.unrouted:
+            candidates.append(after)
+        candidates += [r.ready_due_seconds for r in self.fleet.replicas.values()
+                       if r.state is ReplicaState.WARMING and r.ready_due_seconds is not None]
+        if not candidates:
+            return after
+        soonest = max(after, min(candidates))
+        if self.config.autoscale:
+            soonest = min(soonest, max(after, self.next_autoscale))
+        return after + math.floor((soonest - after) / interval) * interval

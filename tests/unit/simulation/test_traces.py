@@ -1,0 +1,96 @@
+"""Trace readers: every request read as written; a bad file names its line and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controlplane.simulation.traces import TraceError, read_trace
+
+HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
+
+
+def _azure(tmp_path: Path, *rows: str, name: str = "t.csv") -> Path:
+    path = tmp_path / name
+    path.write_bytes(("\r\n".join([HEADER, *rows])).encode())
+    return path
+
+
+def _mooncake(tmp_path: Path, *records: object) -> Path:
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n")
+    return path
+
+
+def test_azure_rows_are_read_with_seven_digit_fractions_and_crlf(tmp_path: Path) -> None:
+    path = _azure(tmp_path, "2023-11-16 18:15:46.6805900,374,44",
+                  "2023-11-16 18:15:50.9951690,396,109")
+    trace = read_trace(path)
+    assert trace.kind == "azure" and trace.block_size_tokens is None
+    assert [(r.line, r.prompt_tokens, r.output_tokens) for r in trace.requests] == [
+        (2, 374, 44), (3, 396, 109)]
+    assert trace.requests[1].arrival_seconds == pytest.approx(4.314579, abs=1e-6)
+    assert (trace.prompt_tokens, trace.output_tokens) == (770, 153)
+
+
+def test_limit_reads_only_the_first_requests(tmp_path: Path) -> None:
+    path = _azure(tmp_path, *[f"2023-11-16 18:15:4{i}.0000000,{10 + i},5" for i in range(5)])
+    trace = read_trace(path, limit=3)
+    assert len(trace.requests) == 3 and trace.prompt_tokens == 33
+
+
+@pytest.mark.parametrize(("row", "field"), [
+    ("2023-11-16 18:15:46.6805900,abc,44", "ContextTokens"),
+    ("2023-11-16 18:15:46.6805900,374", "expected 3 fields"),
+    ("16/11/2023 18:15,374,44", "TIMESTAMP"),
+    ("2023-11-16 18:15:46.6805900,374,-4", "GeneratedTokens"),
+    ("2023-11-16 18:15:46.6805900,374,0", "generates no tokens"),
+])
+def test_a_malformed_azure_row_names_its_line_and_field(tmp_path: Path, row: str, field: str) -> None:
+    path = _azure(tmp_path, "2023-11-16 18:15:40.0000000,1,1", row)
+    with pytest.raises(TraceError) as raised:
+        read_trace(path)
+    assert raised.value.line == 3 and field in str(raised.value) and raised.value.exit_code == 2
+
+
+def test_time_running_backwards_is_refused_at_its_line(tmp_path: Path) -> None:
+    path = _azure(tmp_path, "2023-11-16 18:15:41.0000000,1,1", "2023-11-16 18:15:40.0000000,1,1")
+    with pytest.raises(TraceError) as raised:
+        read_trace(path)
+    assert raised.value.line == 3
+
+
+def test_a_wrong_header_missing_file_or_empty_trace_is_refused(tmp_path: Path) -> None:
+    wrong = tmp_path / "w.csv"
+    wrong.write_text("time,prompt,output\n")
+    for path in (wrong, tmp_path / "missing.csv", _azure(tmp_path, name="empty.csv")):
+        with pytest.raises(TraceError):
+            read_trace(path)
+
+
+def test_mooncake_rows_carry_their_block_hash_ids(tmp_path: Path) -> None:
+    path = _mooncake(tmp_path,
+                     {"timestamp": 0, "input_length": 1025, "output_length": 3, "hash_ids": [0, 1, 2]},
+                     {"timestamp": 1500, "input_length": 512, "output_length": 1, "hash_ids": [0]})
+    trace = read_trace(path)
+    assert trace.kind == "mooncake" and trace.block_size_tokens == 512
+    assert trace.requests[0].block_hash_ids == (0, 1, 2)
+    assert trace.requests[1].arrival_seconds == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize(("record", "field"), [
+    ({"timestamp": 0, "input_length": 1025, "output_length": 3, "hash_ids": [0, 1]}, "hash_ids"),
+    ({"timestamp": 0, "input_length": 10, "output_length": 3}, "hash_ids"),
+    ({"timestamp": -1, "input_length": 10, "output_length": 3, "hash_ids": [0]}, "timestamp"),
+    ({"timestamp": 0, "input_length": 10.5, "output_length": 3, "hash_ids": [0]}, "input_length"),
+    ("{not json", "not JSON"),
+])
+def test_a_malformed_mooncake_line_names_its_line_and_field(tmp_path: Path, record: object,
+                                                            field: str) -> None:
+    good = {"timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [0]}
+    path = _mooncake(tmp_path, good, record)
+    with pytest.raises(TraceError) as raised:
+        read_trace(path)
+    assert raised.value.line == 2 and field in str(raised.value)
