@@ -182,7 +182,7 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any],
 
 
 def _summary(events: list[dict[str, Any]]) -> dict[str, Any]:
-    decision = next((e["data"] for e in events if "outcome" in e["data"]), {})
+    decision: dict[str, Any] = next((e["data"] for e in events if "outcome" in e["data"]), {})
     return {"outcome": decision.get("outcome"),
             "reasons": [r["code"] for r in decision.get("reasons", [])],
             "result": decision.get("result"),

@@ -80,14 +80,15 @@ def read_submission(text: str) -> Submission:
                 problems.append(FieldProblem(number, "(json)", f"not JSON: {error.msg}"))
     if len(items) > MAX_COMMANDS:
         raise InputError(f"submission holds {len(items)} commands; the limit is {MAX_COMMANDS}")
-    commands, lines = [], []
-    for line, item in items:
-        command = _validate(item, line, problems)
+    commands: list[CommandBase] = []
+    line_numbers: list[int] = []
+    for number, item in items:
+        command = _validate(item, number, problems)
         if command is not None:
             commands.append(command)
-            lines.append(line)
+            line_numbers.append(number)
     if problems:
         raise SubmissionRejected(problems[:MAX_PROBLEMS_LISTED])
     if not commands:
         raise InputError("the submission holds no commands")
-    return Submission(commands, lines)
+    return Submission(commands, line_numbers)

@@ -30,7 +30,7 @@ DEMO_DEPLOYMENTS: list[tuple[str, float, int]] = [
 
 
 def demo_commands(run_id: str) -> list[AssessMemory]:
-    commands = []
+    commands: list[AssessMemory] = []
     for model_name, parameters, layers, kv_heads, head_dim in DEMO_MODELS:
         for label, gib, tp in DEMO_DEPLOYMENTS:
             commands.append(AssessMemory(

@@ -20,7 +20,7 @@ COMMAND_TYPES: dict[str, type[CommandBase]] = {
     for command in domain.COMMANDS
 }
 Command = Annotated[Union[tuple(COMMAND_TYPES.values())], Field(discriminator="type")]  # type: ignore[valid-type]  # noqa: UP007
-command_adapter: TypeAdapter[CommandBase] = TypeAdapter(Command)
+command_adapter: TypeAdapter[CommandBase] = TypeAdapter(Command)  # type: ignore[arg-type]
 
 
 def parse_command(payload: dict[str, Any]) -> CommandBase:

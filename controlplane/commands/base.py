@@ -50,7 +50,7 @@ class CommandBase(Frozen):
 
     @property
     def command_type(self) -> str:
-        return str(self.type)
+        return str(type(self).model_fields["type"].default)
 
     def references(self) -> list[tuple[str, str]]:
         """(field, entity key) pairs this command needs to exist, e.g. ("node_id", "node/n1")."""

@@ -24,10 +24,10 @@ from controlplane.decisions import (
     append_to,
     decision_data,
     issue_command,
+    merge_appends,
     new_event,
     rejection,
 )
-from controlplane.decisions import merge_appends
 from controlplane.handlers.base import Handler
 from controlplane.handlers.placement import release_events
 from controlplane.policies.autoscaling import (

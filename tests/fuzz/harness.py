@@ -9,10 +9,12 @@ possibly "rejected" or "denied").
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rq.job import Job
@@ -126,3 +128,16 @@ def decide_or_refuse(store: EventStore, text: str) -> Verdict:
     assert not undecided, (f"accepted but never decided: {undecided}\n{job_failures(result.job_ids)}\n"
                            f"submission: {text[:2_000]}")
     return Verdict("decided", outcomes=outcomes)
+
+
+_serial = itertools.count()
+
+
+def fresh_ids(payloads: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The payloads with command ids never used before in this process.
+
+    A command id already in the inbox names the command recorded under it (a re-submission is
+    skipped), so fuzzed ids that repeat would hide the new command behind the old decision.
+    """
+    return [{**payload, "command_id": f"fz{next(_serial)}-{payload.get('command_id', 'x')}"[:100]}
+            for payload in payloads]

@@ -15,7 +15,7 @@ from controlplane.commands import COMMAND_TYPES, command_adapter
 from controlplane.errors import SubmissionRejected
 from controlplane.submission import read_submission
 from events.store import EventStore
-from tests.fuzz.harness import Verdict, decide_or_refuse, embedded_fleet
+from tests.fuzz.harness import Verdict, decide_or_refuse, embedded_fleet, fresh_ids
 from tests.fuzz.strategies import (
     BrokenLine,
     any_command_payloads,
@@ -55,7 +55,7 @@ def test_schema_valid_commands_are_decided_or_refused_naming_line_and_field(
     @fuzz_settings(3)
     @given(st.lists(command_payloads(command_type), min_size=1, max_size=2))
     def check(payloads: list[dict[str, object]]) -> None:
-        decide_or_refuse(fleet, "\n".join(as_line(p) for p in payloads))
+        decide_or_refuse(fleet, "\n".join(as_line(p) for p in fresh_ids(payloads)))
 
     check()
 
