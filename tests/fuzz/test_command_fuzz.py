@@ -85,10 +85,11 @@ def test_a_command_broken_in_one_place_is_refused_at_its_line_and_field(
 
 
 @fuzz_settings(25)
-@given(st.lists(st.one_of(any_command_payloads().map(as_line), broken_lines().map(lambda b: b.text)),
-                min_size=1, max_size=4))
+@given(st.lists(st.one_of(any_command_payloads(), broken_lines()), min_size=1, max_size=4))
 def test_mixed_submissions_are_decided_or_refused_and_a_refusal_writes_nothing(
-        fleet: EventStore, lines: list[str]) -> None:
+        fleet: EventStore, items: list[dict[str, object] | BrokenLine]) -> None:
+    lines = [item.text if isinstance(item, BrokenLine) else as_line(fresh_ids([item])[0])
+             for item in items]
     verdict: Verdict = decide_or_refuse(fleet, "\n".join(lines))
     assert verdict.stage in ("parse", "precheck", "decided")
 
