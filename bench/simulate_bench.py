@@ -27,8 +27,7 @@ from controlplane.simulation.run import Simulation  # noqa: E402
 from controlplane.simulation.store import SimulationStore  # noqa: E402
 from controlplane.simulation.traces import read_trace  # noqa: E402
 
-AZURE_CONV = ROOT.parent / "shared" / "research-data" / "traces" / "azure_llm_2023" \
-    / "AzureLLMInferenceTrace_conv.csv"
+AZURE_CONV = ROOT / "fixtures" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 BAR_SECONDS = 60.0
 
 

@@ -7,6 +7,8 @@ arrives before the next tick asks for admission (`AdmitRequest`, at its arrival 
 it is decided through the log in one batch, and the decisions are acted on: admitted requests
 are routed to a ready replica at their arrival (promoted ones at T), placed replicas start
 warming, released ones drain. Between ticks the replicas' engines run (see `dataplane`).
+A request's `max_output_tokens` is its trace's output length: the simulation knows each answer's
+length, where a gateway would pass the client's `max_tokens`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Readers for the production request traces of `research-data/traces/` (README §4, PROVENANCE).
+"""Readers for the production request traces in `fixtures/traces/` (their PROVENANCE.md says whence).
 
 Two formats, told apart by the file's suffix (else by its first line):
 - Azure LLM inference 2023 CSV: header `TIMESTAMP,ContextTokens,GeneratedTokens`, timestamps

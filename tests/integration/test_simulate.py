@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
 import xml.etree.ElementTree as ElementTree
 from collections import Counter
 from pathlib import Path
@@ -18,14 +17,10 @@ from controlplane.runtime import open_store
 from events.store import EventStore
 from tests.cli_helpers import run_cli
 
-RESEARCH_DATA = Path(os.environ.get("FLEET_RESEARCH_DATA",
-                                    Path(__file__).resolve().parents[3] / "shared" / "research-data"))
-AZURE_CONV = RESEARCH_DATA / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
-MOONCAKE_CONV = RESEARCH_DATA / "traces" / "mooncake_fast25" / "conversation_trace.first5000.jsonl"
+TRACES = Path(__file__).resolve().parents[2] / "fixtures" / "traces"
+AZURE_CONV = TRACES / "AzureLLMInferenceTrace_conv.csv"
+MOONCAKE_CONV = TRACES / "conversation_trace.first5000.jsonl"
 SLICE = 300
-
-pytestmark = pytest.mark.skipif(not AZURE_CONV.is_file() or not MOONCAKE_CONV.is_file(),
-                                reason=f"research traces not found under {RESEARCH_DATA}")
 
 
 def simulate(*args: str) -> dict[str, Any]:

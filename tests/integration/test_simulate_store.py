@@ -6,8 +6,6 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from controlplane.replay import compare_with_live, verify_decisions
 from controlplane.runtime import open_store
 from controlplane.simulation.config import SimulationConfig
@@ -17,8 +15,6 @@ from controlplane.simulation.traces import read_trace
 from events.merkle import CHECKPOINT_STREAM
 from events.store import EventStore
 from tests.integration.test_simulate import MOONCAKE_CONV, decided_commands_by_type
-
-pytestmark = pytest.mark.skipif(not MOONCAKE_CONV.is_file(), reason="research traces not found")
 
 # Busy enough to scale up, short rollout intervals so the ladder moves within the slice.
 CONFIG = SimulationConfig(speedup=4.0, warmup_seconds=3.0, autoscale_interval_seconds=3.0,
