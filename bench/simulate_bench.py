@@ -44,7 +44,7 @@ def main() -> None:
         trace = read_trace(args.trace, args.limit)
         store = open_store(f"sqlite:///{directory}/simulation.db")
         run = Simulation(trace, SimulationConfig(control_interval_seconds=args.control_interval),
-                         SimulationStore(store.engine)).run()
+                         SimulationStore.of(store)).run()
         wall, cpu = time.perf_counter() - started_wall, time.process_time() - started_cpu
         report = build_report(run, wall, "sqlite (temporary)", None)
         events = store.head()[0]

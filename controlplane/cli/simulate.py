@@ -109,7 +109,7 @@ def simulate(trace: Path, limit: int | None, routing: str, replicas: int, min_re
     store = open_store(url)
     if store.head()[0] != 0:
         raise InputError(f"--log {log} already holds events; a simulation needs an empty log")
-    simulation_store = SimulationStore(store.engine)
+    simulation_store = SimulationStore.of(store)
     with _progress(sys.stderr.isatty()) as progress:
         started = time.perf_counter()
         run = Simulation(requests, config, simulation_store, progress).run()

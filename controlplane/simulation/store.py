@@ -102,8 +102,8 @@ class _MirroredVersions:
 class SimulationStore(EventStore):
     """An EventStore for a log this process alone writes; reads never leave memory."""
 
-    def __init__(self, engine: Engine) -> None:
-        super().__init__(engine)
+    def __init__(self, engine: Engine, checkpoint_every: int = 1_000) -> None:
+        super().__init__(engine, checkpoint_every)
         with engine.connect() as conn:
             self._event_ids: set[str] = set(conn.execute(select(events_table.c.event_id)).scalars())
             self._tables: Tables = {name: {key: json.dumps(value) for key, value in rows.items()}
@@ -111,6 +111,11 @@ class SimulationStore(EventStore):
             query = select(events_table.c.stream_id, func.max(events_table.c.stream_version)) \
                 .group_by(events_table.c.stream_id)
             self._versions: dict[str, int] = {row[0]: int(row[1]) for row in conn.execute(query)}
+
+    @classmethod
+    def of(cls, store: EventStore) -> SimulationStore:
+        """The same log as `store`, same checkpoint cadence, its reads mirrored."""
+        return cls(store.engine, store.checkpoint_every)
 
     @contextmanager
     def transaction(self) -> Iterator[LogTransaction]:

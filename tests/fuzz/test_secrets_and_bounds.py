@@ -149,15 +149,18 @@ def test_more_commands_than_the_bound_are_refused_with_exit_2(
         sqlite_fleet: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(submission_module, "MAX_COMMANDS", 100)
     commands = [json.dumps(assess_memory(f"many-{i}")) for i in range(101)]
-    assert "limit is 100" in _refused_quickly(sqlite_fleet, "\n".join(commands))
-    assert "limit is 100" in _refused_quickly(sqlite_fleet, "[" + ",".join(commands) + "]")
+    for text in ("\n".join(commands), "[" + ",".join(commands) + "]"):
+        stderr = _refused_quickly(sqlite_fleet, text)
+        assert "101" in stderr and "100" in stderr  # the count and the bound, not a field problem
+        assert "line " not in stderr
 
 
 def test_a_submission_larger_than_the_size_bound_is_refused_with_exit_2(
         sqlite_fleet: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(submission_module, "MAX_SUBMISSION_BYTES", 10_000)
     commands = [json.dumps(assess_memory(f"big-{i}")) for i in range(40)]
-    assert "larger than 10000 bytes" in _refused_quickly(sqlite_fleet, "\n".join(commands))
+    stderr = _refused_quickly(sqlite_fleet, "\n".join(commands))
+    assert "10000" in stderr and "line " not in stderr
 
 
 @pytest.mark.xfail(strict=True, reason="BUG: read_submission compares len(line), a count of "

@@ -34,10 +34,12 @@ def run(store: EventStore) -> SimulationRun:
 
 
 def test_the_mirrored_store_writes_the_ordinary_stores_log(database_url: str, tmp_path: Path) -> None:
-    mirrored = SimulationStore(open_store(database_url).engine)
-    ordinary = open_store(f"sqlite:///{tmp_path}/ordinary.db")
+    # A checkpoint every 50 events, so the mirror must follow the checkpoint stream too.
+    mirrored = SimulationStore(open_store(database_url).engine, checkpoint_every=50)
+    ordinary = EventStore(open_store(f"sqlite:///{tmp_path}/ordinary.db").engine, checkpoint_every=50)
     mirrored_run, ordinary_run = run(mirrored), run(ordinary)
     assert comparable(mirrored) == comparable(ordinary)
+    assert sum(1 for e in mirrored.read_all() if e.stream_id == CHECKPOINT_STREAM) >= 5
     assert mirrored_run.decisions == ordinary_run.decisions
     # The slice exercised every kind of control decision the simulation makes.
     assert {"PlaceReplica", "MarkReplicaReady", "ObserveLoad", "StartRollout",
