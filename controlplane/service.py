@@ -174,7 +174,8 @@ def _decide_in(tx: LogTransaction, command_ids: list[str], policies: PolicyBook)
         command = parse_command(accepted.data["command"])
         context = DecisionContext(tx.projections, tx.head_position, tx.stream_version, policies,
                                   accepted.event_id)
-        appended = tx.append(HANDLERS[command.command_type](command, context))
+        # No event of this command exists (checked above, under the lock): skip the look-up.
+        appended = tx.append(HANDLERS[command.command_type](command, context), check_existing=False)
         for event in appended:
             apply_event(tx.projections, event)
         log.info("command_decided", command_id=command_id,

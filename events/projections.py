@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -20,6 +20,8 @@ from events.canonical import canonical_json
 from events.tables import projections_table
 
 _DELETED = object()
+_GET_ROW = select(projections_table.c.data).where(
+    projections_table.c.name == bindparam("row_name"), projections_table.c.key == bindparam("row_key"))
 
 
 class StateView(Protocol):
@@ -72,6 +74,7 @@ class SqlProjections:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self._pending: dict[tuple[str, str], Any] = {}
+        self._read: dict[tuple[str, str], dict[str, Any] | None] = {}
 
     def get(self, name: str, key: str) -> dict[str, Any] | None:
         pending = self._pending.get((name, key))
@@ -79,10 +82,11 @@ class SqlProjections:
             return None
         if pending is not None:
             return dict(pending)
-        query = select(projections_table.c.data).where(projections_table.c.name == name,
-                                                       projections_table.c.key == key)
-        text = self.connection.execute(query).scalar()
-        return json.loads(text) if text is not None else None
+        if (name, key) not in self._read:
+            text = self.connection.execute(_GET_ROW, {"row_name": name, "row_key": key}).scalar()
+            self._read[(name, key)] = json.loads(text) if text is not None else None
+        value = self._read[(name, key)]
+        return dict(value) if value is not None else None
 
     def items(self, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
         query = select(projections_table.c.key, projections_table.c.data).where(
@@ -107,12 +111,14 @@ class SqlProjections:
         """Write the buffered changes; called by the transaction just before it commits."""
         if not self._pending:
             return
-        deletes = [key for key, value in self._pending.items() if value is _DELETED]
+        deletes = [{"row_name": name, "row_key": key}
+                   for (name, key), value in self._pending.items() if value is _DELETED]
         upserts = [{"name": name, "key": key, "data": canonical_json(value)}
                    for (name, key), value in self._pending.items() if value is not _DELETED]
-        for name, key in deletes:
+        if deletes:
             self.connection.execute(delete(projections_table).where(
-                projections_table.c.name == name, projections_table.c.key == key))
+                projections_table.c.name == bindparam("row_name"),
+                projections_table.c.key == bindparam("row_key")), deletes)
         if upserts:
             dialect = self.connection.dialect.name
             insert = pg_insert if dialect == "postgresql" else sqlite_insert
@@ -121,6 +127,7 @@ class SqlProjections:
                 index_elements=["name", "key"], set_={"data": statement.excluded.data})
             self.connection.execute(statement, upserts)
         self._pending.clear()
+        self._read.clear()
 
 
 def load_all(connection: Connection) -> dict[str, dict[str, Any]]:

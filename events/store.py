@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, bindparam, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from events.canonical import canonical_json, chain_hash
@@ -33,6 +33,18 @@ HEADER_FIELDS = (
 )
 READ_CHUNK = 2_000
 
+# Statements built once: the append path runs them for every decision.
+_MAX_VERSION = select(func.max(events_table.c.stream_version)).where(
+    events_table.c.stream_id == bindparam("stream_id"))
+_INSERT_EVENTS = events_table.insert()
+_UPDATE_HEAD = update(log_head_table).where(log_head_table.c.id == 1).values(
+    position=bindparam("head_position"), hash=bindparam("head_hash"))
+_EVENTS_BY_ID = select(events_table).where(
+    events_table.c.event_id.in_(bindparam("event_ids", expanding=True)))
+_EVENTS_BY_COMMAND = (select(events_table)
+                      .where(events_table.c.command_id.in_(bindparam("command_ids", expanding=True)))
+                      .order_by(events_table.c.position))
+
 
 def header_of(row: dict[str, Any] | RowMapping) -> dict[str, Any]:
     """The hashed envelope fields of a stored row (everything but data and the hashes)."""
@@ -50,10 +62,8 @@ def events_by_command(connection: Connection, command_ids: Sequence[str]) \
     grouped: dict[str, list[RecordedEvent]] = {command_id: [] for command_id in command_ids}
     ids = list(grouped)
     for start in range(0, len(ids), 500):
-        query = (select(events_table)
-                 .where(events_table.c.command_id.in_(ids[start:start + 500]))
-                 .order_by(events_table.c.position))
-        for row in connection.execute(query).mappings():
+        rows = connection.execute(_EVENTS_BY_COMMAND, {"command_ids": ids[start:start + 500]})
+        for row in rows.mappings():
             grouped[row["command_id"]].append(to_recorded(row))
     return grouped
 
@@ -62,7 +72,8 @@ class LogTransaction:
     """A write transaction that holds the log's append lock from its first statement.
 
     Everything read through it (streams, projections) is exactly the log before the positions it
-    appends, which is what makes a recorded decision re-derivable.
+    appends, which is what makes a recorded decision re-derivable. Appended rows are buffered and
+    written in one batch when the transaction commits (`flush`); nothing is written if it fails.
     """
 
     def __init__(self, connection: Connection, head_position: int, head_hash: str,
@@ -73,31 +84,47 @@ class LogTransaction:
         self.head_hash = head_hash
         self.projections = SqlProjections(connection)
         self._versions: dict[str, int] = {}
+        self._buffer: list[dict[str, Any]] = []
+        self._last_checkpoint: int | None = None
         self.appended: list[RecordedEvent] = []
 
     def stream_version(self, stream_id: str) -> int:
         """The stream's current version, 0 for a stream with no events."""
-        if stream_id not in self._versions:
-            query = select(func.max(events_table.c.stream_version)).where(
-                events_table.c.stream_id == stream_id)
-            self._versions[stream_id] = self.connection.execute(query).scalar() or 0
-        return self._versions[stream_id]
+        version = self._versions.get(stream_id)
+        if version is None:
+            found = self.connection.execute(_MAX_VERSION, {"stream_id": stream_id}).scalar()
+            version = self._versions[stream_id] = found or 0
+        return version
 
     def events_for_commands(self, command_ids: Sequence[str]) -> dict[str, list[RecordedEvent]]:
         """Every event of each command, grouped by command id, in position order."""
+        self.flush()
         return events_by_command(self.connection, command_ids)
 
-    def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
+    def flush(self) -> None:
+        """Write the buffered rows and the new head; the transaction calls it before commit."""
+        if not self._buffer:
+            return
+        self.connection.execute(_INSERT_EVENTS, self._buffer)
+        self.connection.execute(_UPDATE_HEAD, {"head_position": self.head_position,
+                                               "head_hash": self.head_hash})
+        self._buffer = []
+
+    def append(self, appends: Sequence[StreamAppend],
+               check_existing: bool = True) -> list[RecordedEvent]:
         """Append to every stream at its expected version, all or nothing.
 
         Re-appending events already stored at the same streams and versions returns the
         original records and writes nothing. A stale expected version raises
         `ConcurrencyConflict`; an event id stored elsewhere, or a batch that only partly
-        overlaps the log, raises `DuplicateEventError`.
+        overlaps the log, raises `DuplicateEventError`. A caller that already knows its events
+        are new (a decision for a command with none) may skip that look-up with
+        `check_existing=False`; `UNIQUE(event_id)` still refuses a duplicate at commit.
         """
-        existing = self._existing(appends)
-        if existing is not None:
-            return existing
+        if check_existing:
+            existing = self._existing(appends)
+            if existing is not None:
+                return existing
         rows: list[dict[str, Any]] = []
         recorded_at = datetime.now(UTC).isoformat(timespec="microseconds")
         position, prev_hash = self.head_position, self.head_hash
@@ -120,9 +147,7 @@ class LogTransaction:
             if checkpoint is not None:
                 rows.append(checkpoint)
                 position, prev_hash = checkpoint["position"], checkpoint["hash"]
-        self.connection.execute(events_table.insert(), rows)
-        self.connection.execute(update(log_head_table).where(log_head_table.c.id == 1)
-                                .values(position=position, hash=prev_hash))
+        self._buffer.extend(rows)
         self.head_position, self.head_hash = position, prev_hash
         recorded = [to_recorded(row) for row in rows]
         self.appended.extend(recorded)
@@ -138,6 +163,7 @@ class LogTransaction:
         every = self.checkpoint_every
         if last // every == (first - 1) // every:
             return None
+        self.flush()
         since = self._last_checkpoint_position()
         query = (select(events_table.c.hash).where(events_table.c.position > since)
                  .order_by(events_table.c.position))
@@ -166,9 +192,13 @@ class LogTransaction:
         if not ids:
             return None
         found: dict[str, RecordedEvent] = {}
+        buffered = {row["event_id"]: row for row in self._buffer}
+        for event_id in ids:
+            if event_id in buffered:
+                found[event_id] = to_recorded(buffered[event_id])
         for start in range(0, len(ids), 500):
-            query = select(events_table).where(events_table.c.event_id.in_(ids[start:start + 500]))
-            for row in self.connection.execute(query).mappings():
+            rows = self.connection.execute(_EVENTS_BY_ID, {"event_ids": ids[start:start + 500]})
+            for row in rows.mappings():
                 found[row["event_id"]] = to_recorded(row)
         if not found:
             return None
@@ -217,6 +247,7 @@ class EventStore:
             head = conn.execute(query).one()
             tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
             yield tx
+            tx.flush()
             tx.projections.flush()
 
     def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:

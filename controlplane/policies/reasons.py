@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -41,25 +41,38 @@ def require(condition: bool, code: str, field: str, message: str) -> None:
         raise PolicyInputError(code, field, message)
 
 
+_SCALARS = (str, int, bool, type(None))
+
+
 def to_plain(value: Any) -> Any:
     """Convert a decision (dataclasses, enums, tuples, mappings) to JSON-safe plain data.
 
     Guarantee: the result contains only dict, list, str, int, float, bool and None, and never a
     NaN or an infinity (a non-finite float raises ValueError instead of leaking into the log).
     """
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in fields(value)}
+    kind = type(value)
+    if kind in _SCALARS:
+        return value.value if isinstance(value, Enum) else value
+    if kind is float:
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite number {value!r} in a decision")
+        return value
+    if kind is dict:
+        return {str(key): to_plain(item) for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [to_plain(item) for item in value]
+    if hasattr(kind, "__dataclass_fields__") and not isinstance(value, type):
+        return {name: to_plain(getattr(value, name)) for name in kind.__dataclass_fields__}
     if isinstance(value, Enum):
         return to_plain(value.value)
     if isinstance(value, Mapping):
         return {str(key): to_plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple, frozenset, set)):
-        items = [to_plain(item) for item in value]
-        if isinstance(value, (frozenset, set)):
-            items.sort(key=repr)
-        return items
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"non-finite number {value!r} in a decision")
-    if value is None or isinstance(value, (str, int, float, bool)):
+    if isinstance(value, (list, tuple)):
+        return [to_plain(item) for item in value]
+    if isinstance(value, (frozenset, set)):
+        return sorted((to_plain(item) for item in value), key=repr)
+    if isinstance(value, float):
+        return to_plain(float(value))
+    if isinstance(value, (str, int)):
         return value
     raise TypeError(f"{type(value).__name__} is not plain decision data")

@@ -65,7 +65,7 @@ def _problem_at(refusal: SubmissionRejected, line: int, broken: BrokenLine) -> b
                for p in refusal.problems)
 
 
-@fuzz_settings(150)
+@fuzz_settings(300)
 @given(before=st.lists(any_command_payloads(), max_size=1), broken=broken_lines(),
        after=st.lists(any_command_payloads(), max_size=1))
 def test_a_command_broken_in_one_place_is_refused_at_its_line_and_field(
@@ -84,7 +84,7 @@ def test_a_command_broken_in_one_place_is_refused_at_its_line_and_field(
     assert not broken.refused, f"{broken.kind} at {broken.field} was accepted: {broken.text[:300]}"
 
 
-@fuzz_settings(25)
+@fuzz_settings(40)
 @given(st.lists(st.one_of(any_command_payloads(), broken_lines()), min_size=1, max_size=4))
 def test_mixed_submissions_are_decided_or_refused_and_a_refusal_writes_nothing(
         fleet: EventStore, items: list[dict[str, object] | BrokenLine]) -> None:

@@ -14,10 +14,17 @@ from pathlib import Path
 import pytest
 
 import controlplane.submission as submission_module
+from controlplane.commands.gateway import TokenPricesSpec
+from controlplane.errors import SubmissionRejected
+from controlplane.gateway.responses import response_for
+from controlplane.gateway.scenario import dispatch, route
 from controlplane.runtime import open_store
+from controlplane.settings import Settings
 from events.store import EventStore
 from tests.cli_helpers import run_cli
 from tests.factories import assess_memory
+from tests.fuzz.harness import embedded_fleet
+from workers.pipeline import submit
 from workers.runner import EmbeddedRedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,8 +186,29 @@ def test_the_line_bound_counts_bytes_not_characters(sqlite_fleet: EventStore) ->
                    "(Dispatch.input allows 4,000,000 characters). Fix: one per-command byte bound for "
                    "lines and array items, with MAX_INPUT_CHARACTERS fitting under it.")
 def test_a_command_too_large_for_a_line_is_too_large_in_an_array(sqlite_fleet: EventStore) -> None:
-    dispatch = {"type": "Dispatch", "command_id": "huge-input", "tenant": "acme", "principal_id": "alice",
+    payload = {"type": "Dispatch", "command_id": "huge-input", "tenant": "acme", "principal_id": "alice",
                 "idempotency_key": "k-huge", "pointer_name": "acme/assistant",
                 "input": "w " * (submission_module.MAX_LINE_BYTES // 2 + 1)}
-    _refused_quickly(sqlite_fleet, json.dumps(dispatch))
-    _refused_quickly(sqlite_fleet, json.dumps([dispatch]))
+    _refused_quickly(sqlite_fleet, json.dumps(payload))
+    _refused_quickly(sqlite_fleet, json.dumps([payload]))
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: TokenPricesSpec/ServingEconomicsSpec floats have no upper "
+                   "(or useful lower) bound; 1.7e308 per token makes the hosted cost inf, the answer "
+                   "observation cannot be stored ('non-finite number inf in a decision'), and a call "
+                   "the provider completed is recorded persist_failed with its grant held. Fix: bound "
+                   "the prices and economics in commands/gateway.py, and require a finite cost in "
+                   "policies/gateway_worksheet.py.")
+def test_a_route_priced_beyond_float_range_never_loses_a_completed_answer(tmp_path: Path) -> None:
+    with embedded_fleet(tmp_path) as store:
+        settings = Settings.from_env()
+        extreme = TokenPricesSpec(input_price_per_token=1.7e308, output_price_per_token=1.7e308)
+        try:
+            submit(settings, store, [route("sh-1", ready=False), route("hc-1", prices=extreme)])
+        except SubmissionRejected:
+            return  # refused at the edge: the prices are bounded
+        request = dispatch("carol", "k-extreme-price")
+        submit(settings, store, [request])
+        response = response_for(store, request.command_id)
+    assert (response["outcome"], response["route_id"]) == ("completed", "hc-1")
+    assert response["answer"] is not None
