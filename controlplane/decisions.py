@@ -80,8 +80,8 @@ def issue_command(parent: CommandBase, ctx: DecisionContext, child: CommandBase,
         event_id=derived_event_id(child.command_id, "accepted"), event_type=ACCEPTED,
         data={"command": payload, "creates": child.creates()}, occurred_at=child.occurred_at,
         command_id=child.command_id, causation_id=cause_event_id,
-        correlation_id=parent.correlation_id or parent.command_id, actor=parent.actor,
-        tenant=parent.tenant)
+        correlation_id=parent.correlation_id or parent.command_id, actor=child.actor,
+        tenant=child.tenant)
     return StreamAppend(INBOX_STREAM, None, [event])
 
 

@@ -6,7 +6,7 @@ import os
 
 from sqlalchemy.exc import SQLAlchemyError
 
-from controlplane.errors import OperationalError
+from controlplane.errors import InputError, OperationalError
 from controlplane.settings import Settings
 from events.database import ensure_schema, make_engine
 from events.store import EventStore
@@ -16,7 +16,11 @@ _stores: dict[tuple[int, str], EventStore] = {}
 
 def open_store(database_url: str, migrate: bool = True) -> EventStore:
     """An event store on `database_url`, schema brought up to date unless told otherwise."""
-    engine = make_engine(database_url)
+    try:
+        engine = make_engine(database_url)
+    except Exception as error:  # sqlalchemy raises ArgumentError, ValueError… for a bad URL
+        raise InputError(f"FLEET_DATABASE_URL is not a usable database URL "
+                         f"({type(error).__name__})") from None
     if migrate:
         try:
             ensure_schema(engine)

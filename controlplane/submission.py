@@ -12,9 +12,17 @@ from controlplane.commands import CommandBase, command_adapter
 from controlplane.errors import FieldProblem, InputError, SubmissionRejected
 
 MAX_SUBMISSION_BYTES = 256 * 1024 * 1024
-MAX_LINE_BYTES = 1024 * 1024
+# One command, as a JSON line or an array item; room for the gateway's largest input field.
+MAX_COMMAND_BYTES = 8 * 1024 * 1024
+MAX_LINE_BYTES = MAX_COMMAND_BYTES
 MAX_COMMANDS = 1_000_000
 MAX_PROBLEMS_LISTED = 50
+
+
+def _unparseable(error: Exception) -> str:
+    if isinstance(error, RecursionError):
+        return "nested too deeply"
+    return f"not usable JSON: {str(error).split(';')[0]}"
 
 
 def _field_name(location: tuple[Any, ...]) -> str:
@@ -66,18 +74,30 @@ def read_submission(text: str) -> Submission:
             array = json.loads(text)
         except json.JSONDecodeError as error:
             raise SubmissionRejected([FieldProblem(error.lineno, "(json)", error.msg)]) from None
-        items = [(index + 1, item) for index, item in enumerate(array)]
+        except (ValueError, RecursionError) as error:
+            raise SubmissionRejected([FieldProblem(1, "(json)", _unparseable(error))]) from None
+        if not isinstance(array, list):
+            raise SubmissionRejected([FieldProblem(1, "(json)", "expected a JSON array")])
+        for index, item in enumerate(array):
+            if len(json.dumps(item, ensure_ascii=False).encode("utf-8")) > MAX_COMMAND_BYTES:
+                problems.append(FieldProblem(index + 1, "(command)",
+                                             f"larger than {MAX_COMMAND_BYTES} bytes"))
+            else:
+                items.append((index + 1, item))
     else:
-        for number, line in enumerate(text.splitlines(), 1):
+        # Only "\n" ends a line: U+2028 and friends are legal inside JSON strings.
+        for number, line in enumerate(text.split("\n"), 1):
             if not line.strip():
                 continue
-            if len(line) > MAX_LINE_BYTES:
+            if len(line.encode("utf-8", errors="surrogatepass")) > MAX_LINE_BYTES:
                 problems.append(FieldProblem(number, "(line)", f"longer than {MAX_LINE_BYTES} bytes"))
                 continue
             try:
                 items.append((number, json.loads(line)))
             except json.JSONDecodeError as error:
                 problems.append(FieldProblem(number, "(json)", f"not JSON: {error.msg}"))
+            except (ValueError, RecursionError) as error:
+                problems.append(FieldProblem(number, "(json)", _unparseable(error)))
     if len(items) > MAX_COMMANDS:
         raise InputError(f"submission holds {len(items)} commands; the limit is {MAX_COMMANDS}")
     commands: list[CommandBase] = []

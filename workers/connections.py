@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 import fakeredis
 from redis import Redis
 
-from controlplane.errors import OperationalError
+from controlplane.errors import InputError, OperationalError
 from controlplane.settings import Settings
 
 
@@ -41,7 +42,10 @@ def connect(settings: Settings) -> Redis:
     url = redis_url_in_use(settings)
     if url is None:
         return fakeredis.FakeRedis(server=embedded_server())
-    connection = Redis.from_url(url, socket_connect_timeout=5)
+    try:
+        connection = Redis.from_url(url, socket_connect_timeout=5)
+    except ValueError:
+        raise InputError("FLEET_REDIS_URL is not a valid Redis URL") from None
     try:
         connection.ping()
     except Exception as error:  # redis raises several unrelated types for "unreachable"
@@ -50,10 +54,7 @@ def connect(settings: Settings) -> Redis:
 
 
 def _redact(url: str) -> str:
-    """The URL without its password, so no secret reaches a log line or an error."""
-    if "@" not in url or "://" not in url:
-        return url
-    scheme, rest = url.split("://", 1)
-    credentials, host = rest.rsplit("@", 1)
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user + ':***@' if user else '***@'}{host}"
+    """The URL's scheme, host and path only: no user info, no query (passwords live there)."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    return f"{parts.scheme}://{host}{parts.path}"

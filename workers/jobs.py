@@ -3,21 +3,37 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Annotated, Any
 
 import structlog
+from pydantic import Field, TypeAdapter, ValidationError
 from rq import get_current_job
 
+from controlplane.commands.base import CommandId
+from controlplane.errors import InputError
 from controlplane.runtime import store_for_process
 from controlplane.service import decide
 from controlplane.settings import Settings
 from workers.queue import enqueue_commands
 
 log = structlog.get_logger(__name__)
+MAX_IDS_PER_JOB = 10_000
+
+
+_JOB_ARGUMENT: TypeAdapter[list[str]] = TypeAdapter(
+    Annotated[list[CommandId], Field(max_length=MAX_IDS_PER_JOB)])
 
 
 def decide_commands(command_ids: list[str]) -> dict[str, Any]:
-    """Decide a batch of accepted commands; a command already decided appends nothing."""
+    """Decide a batch of accepted commands; a command already decided appends nothing.
+
+    Anything but a bounded list of command ids is refused with `InputError`, writing nothing.
+    """
+    try:
+        command_ids = _JOB_ARGUMENT.validate_python(command_ids, strict=True)
+    except ValidationError as error:
+        raise InputError(f"a decide job takes a list of at most {MAX_IDS_PER_JOB} command ids: "
+                         f"{error.error_count()} problem(s)") from None
     job = get_current_job()
     bound = log.bind(job_pid=os.getpid(), batch_size=len(command_ids),
                      job_id=job.id if job is not None else None)

@@ -14,7 +14,7 @@ from controlplane.cli.context import settings_and_store
 from controlplane.cli.output import emit
 from controlplane.errors import InputError
 from controlplane.service import Outcome
-from controlplane.submission import read_submission
+from controlplane.submission import MAX_SUBMISSION_BYTES, read_submission
 from events.database import migrate
 from workers.connections import connect, redis_url_in_use
 from workers.pipeline import reconcile as reconcile_pending
@@ -37,14 +37,25 @@ def init(as_json: bool) -> None:
 
 
 def _read_source(source: str) -> str:
-    if source == "-":
-        return sys.stdin.read()
+    """The submission's text: at most MAX_SUBMISSION_BYTES of UTF-8, from a file or stdin."""
+    limit = MAX_SUBMISSION_BYTES
     try:
-        return Path(source).read_text(encoding="utf-8")
+        if source == "-":
+            raw = sys.stdin.buffer.read(limit + 1)
+        else:
+            path = Path(source)
+            if path.stat().st_size > limit:
+                raise InputError(f"{source} is larger than {limit} bytes")
+            raw = path.read_bytes()
     except OSError as error:
         raise InputError(f"cannot read {source}: {error.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{source} is not UTF-8 text") from None
+    if len(raw) > limit:
+        raise InputError(f"the submission is larger than {limit} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        name = "standard input" if source == "-" else source
+        raise InputError(f"{name} is not UTF-8 text (byte {error.start})") from None
 
 
 def _render_outcomes(outcomes: list[Outcome]) -> str:

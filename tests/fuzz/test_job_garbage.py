@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-import pytest
 from redis import Redis
 from rq.job import JobStatus
 
@@ -49,10 +48,6 @@ def test_a_garbage_decide_job_never_writes(store: EventStore) -> None:
     assert _log_intact(store) == events
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: decide_commands does not validate its argument: None, "
-                   "numbers and nested lists crash with TypeError, NUL or a lone surrogate with a "
-                   "driver error, and a string or object is iterated as ids. Fix in workers/jobs.py: "
-                   "validate with TypeAdapter(list[CommandId]) (bounded length) and raise InputError.")
 def test_a_decide_job_that_is_not_a_list_of_command_ids_is_refused_with_a_typed_error(
         store: EventStore) -> None:
     head = store.head()

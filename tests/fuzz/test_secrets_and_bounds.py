@@ -112,9 +112,6 @@ def test_workers_on_a_password_protected_redis_log_json_without_the_password(
     _assert_no_secret(submitted.stdout, submitted.stderr, worked.stdout, worked.stderr)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: workers/connections._redact only hides the userinfo "
-                   "password; a `?password=` query parameter is echoed in the unreachable error. "
-                   "Fix: redact with urllib.parse (userinfo and any password/passwd query value).")
 def test_a_password_in_the_redis_url_query_is_never_shown(sqlite_url: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_REDIS_URL", f"redis://127.0.0.1:1/0?password={SECRET}")
@@ -123,10 +120,6 @@ def test_a_password_in_the_redis_url_query_is_never_shown(sqlite_url: str,
     _assert_no_secret(result.output, result.stderr)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a malformed URL (a port that is not a number) raises "
-                   "ValueError from create_engine / Redis.from_url outside any typed-error mapping: "
-                   "a traceback and exit 1. Fix: make_engine and workers/connections.connect raise "
-                   "InputError('FLEET_..._URL is not a valid URL') without echoing the URL.")
 @pytest.mark.parametrize("variable", ["FLEET_DATABASE_URL", "FLEET_REDIS_URL"])
 def test_a_malformed_server_url_is_refused_in_one_line_without_its_password(
         variable: str, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,9 +163,6 @@ def test_a_submission_larger_than_the_size_bound_is_refused_with_exit_2(
     assert "10000" in stderr and "line " not in stderr
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: read_submission compares len(line), a count of "
-                   "characters, with MAX_LINE_BYTES; a line of multi-byte characters passes at up to "
-                   "4x the bound. Fix: len(line.encode('utf-8')).")
 def test_the_line_bound_counts_bytes_not_characters(sqlite_fleet: EventStore) -> None:
     wide = "\U0001F600" * (submission_module.MAX_LINE_BYTES // 4 + 1)  # 4 UTF-8 bytes each
     payload = {"type": "ReconcileOperation", "command_id": "wide", "tenant": "acme",
@@ -181,10 +171,6 @@ def test_the_line_bound_counts_bytes_not_characters(sqlite_fleet: EventStore) ->
     assert "line 1: (line):" in _refused_quickly(sqlite_fleet, json.dumps(payload, ensure_ascii=False))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the JSON array form applies no per-command bound, so a "
-                   "command refused as a JSON line (over MAX_LINE_BYTES) is accepted as an array item "
-                   "(Dispatch.input allows 4,000,000 characters). Fix: one per-command byte bound for "
-                   "lines and array items, with MAX_INPUT_CHARACTERS fitting under it.")
 def test_a_command_too_large_for_a_line_is_too_large_in_an_array(sqlite_fleet: EventStore) -> None:
     payload = {"type": "Dispatch", "command_id": "huge-input", "tenant": "acme", "principal_id": "alice",
                 "idempotency_key": "k-huge", "pointer_name": "acme/assistant",

@@ -85,10 +85,6 @@ def test_every_event_of_a_mixed_submission_records_its_commands_actor_and_tenant
             assert event.actor == expected_actor, (event.event_type, event.actor, expected_actor)
 
 
-@pytest.mark.xfail(strict=True, reason="INCONSISTENCY: decisions.issue_command records a follow-up "
-                   "command's inbox event with the parent's actor ('metrics') while the command itself "
-                   "and its decision say 'autoscaler'. Fix: NewEvent(actor=child.actor, "
-                   "tenant=child.tenant) in issue_command; causation already links the parent.")
 def test_an_issued_commands_inbox_event_records_that_commands_own_actor(
         mixed_events: list[RecordedEvent]) -> None:
     commands = _commands(mixed_events)
