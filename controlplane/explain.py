@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from controlplane.errors import InputError
+from controlplane.gateway.explain import explain_operation
 from events.model import RecordedEvent
 from events.store import EventStore
 
@@ -47,7 +48,14 @@ def _resolve(store: EventStore, identifier: str) -> list[RecordedEvent]:
 
 
 def explain_id(store: EventStore, identifier: str) -> dict[str, Any]:
-    """The decision named by `identifier` and, following causation links, what led to it."""
+    """The decision named by `identifier` and, following causation links, what led to it.
+
+    `operation/<tenant>/<key>` explains a gateway operation: its steps, evidence and budget.
+    """
+    if identifier.startswith("operation/") and identifier.count("/") == 2:
+        _, tenant, key = identifier.split("/")
+        return {"identifier": identifier, "operation": explain_operation(store, tenant, key),
+                "chain": [_step(e) for e in store.read_stream(identifier)]}
     decided = _resolve(store, identifier)
     chain = [_step(e) for e in decided]
     seen = {e.event_id for e in decided}

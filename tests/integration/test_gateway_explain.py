@@ -131,3 +131,15 @@ def test_registries_refuse_what_a_tenant_does_not_own_and_bundles_never_change(
         tenant="beta", source_ref="doc-a", version=9).model_dump_json())
     assert result.exit_code == 2 and "belongs to another tenant" in result.stderr
     assert gateway.send(dispatch("alice", "kreg"))["release_id"] == "rel-1"
+
+
+def test_fleetctl_explain_of_an_operation_shows_its_steps_evidence_and_budget(
+        gateway: GatewayDriver) -> None:
+    command = dispatch("alice", "kop")
+    gateway.send(command)
+    result = run_cli("explain", f"operation/{command.tenant}/kop", "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.output)
+    assert report["operation"]["idempotency_key"] == "kop"
+    assert [s["event_type"] for s in report["chain"]][:2] == ["OperationReserved",
+                                                             "OperationDispatching"]
