@@ -93,11 +93,19 @@ def test_an_unreachable_redis_is_an_operational_failure(tmp_path: Path,
     assert "s3cret" not in result.stderr
 
 
-def test_demo_decides_replays_and_verifies(embedded: str) -> None:
-    result = run_cli("demo", "--json")
+def test_demo_plans_plays_a_trace_scales_runs_canaries_and_verifies(embedded: str) -> None:
+    result = run_cli("demo", "--trace-requests", "150", "--json")
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.output)
-    assert report["projection_differences"] == [] and report["drifts"] == 0
-    assert report["chain_ok"] and len(report["decisions"]) == report["decisions_rederived"]
-    outcomes = {d["outcome"] for d in report["decisions"]}
-    assert outcomes == {"fits", "does_not_fit"}
+    assert report["projection_differences"] == 0 and report["drifts"] == 0 and report["chain_ok"]
+    highlights = {h["what"]: h["outcome"] for h in report["highlights"]}
+    assert highlights["plan verdict"] == "release_ready"
+    assert highlights["a shed request"] == "shed"
+    assert highlights["scale-up"] == "scale_up" and highlights["scale-down"] == "scale_down"
+    assert highlights["canary-good verdict"] == "promote"
+    assert highlights["canary-bad verdict"] == "rollback"
+    played = next(p for p in report["phases"] if p["phase"].startswith("play"))
+    assert played["outcomes"]["admit"] == 150 and played["outcomes"]["release"] == 150
+    replay = run_cli("replay", "--verify", "--json")
+    assert replay.exit_code == 0 and json.loads(replay.output)["drifts"] == []
+    assert run_cli("status").exit_code == 0
