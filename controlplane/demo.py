@@ -85,7 +85,8 @@ class Demo:
     def fleet(self) -> None:
         nodes = [("h100-a", 4, "H100-SXM-80GB", 79.19), ("h100-b", 4, "H100-SXM-80GB", 79.19),
                  ("l40s-a", 2, "L40S-48GB", 44.4)]
-        payloads = [{"type": "RegisterNode", "command_id": self.name(f"register-{node}"),
+        payloads: list[dict[str, Any]] = [
+                    {"type": "RegisterNode", "command_id": self.name(f"register-{node}"),
                      "node_id": self.name(node), "rack": "rack-1" if node.startswith("h") else "rack-2",
                      "at": at(0), "gpus": [{"gpu_id": f"g{i}", "gpu_type": kind, "memory_gib": gib,
                                             "capabilities": ["bf16", "fp8"]} for i in range(count)]}

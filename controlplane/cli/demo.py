@@ -26,8 +26,8 @@ def _render(report: dict[str, Any]) -> str:
         lines += [f"      {why}" for why in item["why"]]
     total = sum(report["decisions_by_type"].values())
     lines += ["", f"{total} decision events in the log; then, from the log alone:",
-              f"  replay: rebuilt projections {'equal' if not report['projection_differences'] else 'DIFFER FROM'}"
-              " the live ones",
+              "  replay: rebuilt projections "
+              f"{'equal' if not report['projection_differences'] else 'DIFFER FROM'} the live ones",
               f"  verify: {report['decisions_rederived']} decisions re-derived, "
               f"{'no drift' if not report['drifts'] else str(report['drifts']) + ' drifted'}",
               f"  chain:  {'intact' if report['chain_ok'] else 'BROKEN'} over "
