@@ -59,15 +59,37 @@ class GpuPlanSpec(Frozen):
                                                  allow_inf_nan=False)] = 0.0
 
 
+# Bounds on route pricing, so every request's cost is a finite number the log can record: at
+# most 2 x MAX_TOKENS x MAX_PRICE_PER_TOKEN = 2e14 units hosted, and at most
+# MAX_COST_UNITS_PER_HOUR / (3,600 x MIN_BUSY_REQUESTS_PER_SECOND x MIN_UTILISATION), about 2.8e12,
+# self-hosted. The ceilings sit far above any real tariff in any currency or sub-unit (a dear
+# hosted model costs about 1e-4 dollars a token); the floors refuse a replica that serves less
+# than one request every ~3 hours while busy, or is busy less than 0.1% of the time. A price of 0
+# (a free route) is allowed: it makes a cost of 0, never an unrecordable one.
+MAX_PRICE_PER_TOKEN = 1_000_000.0
+MAX_COST_UNITS_PER_HOUR = 1_000_000_000.0
+MIN_BUSY_REQUESTS_PER_SECOND = 0.000_1
+MAX_BUSY_REQUESTS_PER_SECOND = 1_000_000.0
+MIN_UTILISATION = 0.001
+PricePerToken = Annotated[float, Field(strict=True, ge=0, le=MAX_PRICE_PER_TOKEN, allow_inf_nan=False)]
+
+
 class TokenPricesSpec(Frozen):
-    input_price_per_token: NonNegativeFloat
-    output_price_per_token: NonNegativeFloat
+    """A hosted route's tariff, in cost units per token."""
+
+    input_price_per_token: PricePerToken
+    output_price_per_token: PricePerToken
 
 
 class ServingEconomicsSpec(Frozen):
-    cost_units_per_hour: NonNegativeFloat
-    busy_requests_per_second: PositiveFloat
-    utilisation: Fraction
+    """A self-hosted replica's cost and throughput, spread over the requests it serves."""
+
+    cost_units_per_hour: Annotated[float, Field(strict=True, ge=0, le=MAX_COST_UNITS_PER_HOUR,
+                                                allow_inf_nan=False)]
+    busy_requests_per_second: Annotated[float, Field(strict=True, ge=MIN_BUSY_REQUESTS_PER_SECOND,
+                                                     le=MAX_BUSY_REQUESTS_PER_SECOND,
+                                                     allow_inf_nan=False)]
+    utilisation: Annotated[float, Field(strict=True, ge=MIN_UTILISATION, le=1, allow_inf_nan=False)]
 
 
 class _TenantCommand(CommandBase):
