@@ -115,3 +115,9 @@ def _quiet_logs() -> None:
     from controlplane.logging import configure_logging
 
     configure_logging("WARNING")
+
+
+@pytest.fixture
+def embedded_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No real Redis: commands are decided in-process on the embedded fake."""
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)

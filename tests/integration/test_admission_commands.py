@@ -9,30 +9,26 @@ from typing import Any
 
 import pytest
 
-from controlplane.commands import command_adapter
 from controlplane.explain import explain_id
 from controlplane.policy_book import PolicyBook, load_overrides
-from controlplane.replay import compare_with_live, state_at, verify_decisions
-from controlplane.settings import Settings
+from controlplane.replay import state_at, verify_decisions
 from events.model import RecordedEvent
 from events.store import EventStore
 from tests.factories import place_replica, register_model, register_node
-from workers.pipeline import submit
+from tests.fleet_helpers import assert_replay_exact, decision, run
 
 POOL = "chat"
 
 
-def run(store: EventStore, *payloads: dict[str, Any]) -> None:
-    submit(Settings(), store, [command_adapter.validate_python(p) for p in payloads])
+pytestmark = pytest.mark.usefixtures("embedded_queue")
+
+
 
 
 def events_of(store: EventStore, *event_types: str) -> list[RecordedEvent]:
     return [e for e in store.read_all() if e.event_type in event_types]
 
 
-def decision(store: EventStore, command_id: str) -> RecordedEvent:
-    return next(e for e in store.events_for_command(command_id)
-                if e.event_type != "CommandAccepted")
 
 
 def at(second: int) -> str:
@@ -74,14 +70,8 @@ def reason(event: RecordedEvent, index: int = 0) -> dict[str, Any]:
     return found
 
 
-def assert_replay_exact(store: EventStore) -> None:
-    assert verify_decisions(store).drifts == []
-    assert compare_with_live(store) == []
 
 
-@pytest.fixture(autouse=True)
-def embedded_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
 
 
 def test_the_budget_is_the_ready_replicas_kv_capacity_and_a_warming_replica_adds_none(

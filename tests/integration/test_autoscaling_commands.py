@@ -12,13 +12,12 @@ from redis import Redis
 
 from controlplane.commands import command_adapter
 from controlplane.policy_book import PolicyBook, load_overrides
-from controlplane.replay import compare_with_live, state_at, verify_decisions
+from controlplane.replay import state_at, verify_decisions
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
-from events.model import RecordedEvent
 from events.store import EventStore
 from tests.factories import place_replica, register_model, register_node
-from workers.pipeline import submit
+from tests.fleet_helpers import assert_replay_exact, decision, run
 from workers.queue import enqueue_commands
 from workers.runner import work
 
@@ -26,13 +25,11 @@ POOL = "chat"
 SERVICE = 100.0  # tokens/s per replica at full utilisation: demand = ceil(arrival / 100)
 
 
-def run(store: EventStore, *payloads: dict[str, Any]) -> None:
-    submit(Settings(), store, [command_adapter.validate_python(p) for p in payloads])
+pytestmark = pytest.mark.usefixtures("embedded_queue")
 
 
-def decision(store: EventStore, command_id: str) -> RecordedEvent:
-    return next(e for e in store.events_for_command(command_id)
-                if e.event_type != "CommandAccepted")
+
+
 
 
 def at(second: int) -> str:
@@ -64,14 +61,8 @@ def pool(store: EventStore) -> dict[str, Any]:
     return row
 
 
-def assert_replay_exact(store: EventStore) -> None:
-    assert verify_decisions(store).drifts == []
-    assert compare_with_live(store) == []
 
 
-@pytest.fixture(autouse=True)
-def embedded_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
 
 
 def test_a_scale_up_issues_placements_that_are_decided_and_start_warming(store: EventStore) -> None:

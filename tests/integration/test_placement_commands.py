@@ -7,19 +7,16 @@ from typing import Any
 
 import pytest
 
-from controlplane.commands import command_adapter
 from controlplane.errors import SubmissionRejected
 from controlplane.explain import explain_id
 from controlplane.replay import compare_with_live, verify_decisions
-from controlplane.settings import Settings
 from events.store import EventStore
 from tests.factories import place_replica, register_model, register_node
-from workers.pipeline import submit
+from tests.fleet_helpers import run
+
+pytestmark = pytest.mark.usefixtures("embedded_queue")
 
 
-def run(store: EventStore, *payloads: dict[str, Any]) -> None:
-    commands = [command_adapter.validate_python(p) for p in payloads]
-    submit(Settings(), store, commands)
 
 
 def decisions(store: EventStore, event_type: str) -> list[Any]:
@@ -37,9 +34,6 @@ def reserved_gpus(store: EventStore) -> Counter[tuple[str, str]]:
     return holds
 
 
-@pytest.fixture(autouse=True)
-def embedded_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
 
 
 def test_a_placement_reserves_its_gpus_on_every_node_stream_at_once(store: EventStore) -> None:

@@ -7,14 +7,12 @@ from typing import Any
 
 import pytest
 
-from controlplane.commands import command_adapter
 from controlplane.explain import explain_id
-from controlplane.replay import compare_with_live, state_at, verify_decisions
-from controlplane.settings import Settings
+from controlplane.replay import state_at
 from events.model import RecordedEvent
 from events.store import EventStore
 from tests.factories import place_replica, register_model, register_node
-from workers.pipeline import submit
+from tests.fleet_helpers import assert_replay_exact, decision, run
 
 # Spec section 5 exercise 11 / 4 test_rollouts: baseline, candidate and requirements.
 BASELINE = {"revision": "stable", "mode": "canary", "warmed": True, "sample_count": 10_000,
@@ -28,13 +26,11 @@ FP16 = {**QUANTIZED, "name": "fp16", "weight_bits": 16, "quality_score": 0.90,
         "weight_memory_gib": 16.0, "output_tokens_per_second": 100.0}
 
 
-def run(store: EventStore, *payloads: dict[str, Any]) -> None:
-    submit(Settings(), store, [command_adapter.validate_python(p) for p in payloads])
+pytestmark = pytest.mark.usefixtures("embedded_queue")
 
 
-def decision(store: EventStore, command_id: str) -> RecordedEvent:
-    return next(e for e in store.events_for_command(command_id)
-                if e.event_type != "CommandAccepted")
+
+
 
 
 def start(rollout_id: str = "ro1", **extra: Any) -> list[dict[str, Any]]:
@@ -60,14 +56,8 @@ def rollout(store: EventStore, rollout_id: str = "ro1") -> dict[str, Any]:
     return row
 
 
-def assert_replay_exact(store: EventStore) -> None:
-    assert verify_decisions(store).drifts == []
-    assert compare_with_live(store) == []
 
 
-@pytest.fixture(autouse=True)
-def embedded_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
 
 
 def test_a_canary_passing_every_gate_climbs_one_rung_per_measurement_and_promotes(

@@ -1,0 +1,29 @@
+"""Helpers the command tests share: submit payloads embedded, find decisions, prove replay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.commands import command_adapter
+from controlplane.replay import compare_with_live, verify_decisions
+from controlplane.settings import Settings
+from events.model import RecordedEvent
+from events.store import EventStore
+from workers.pipeline import submit
+
+
+def run(store: EventStore, *payloads: dict[str, Any]) -> None:
+    """Submit payloads as one submission and decide them (in-process on the embedded queue)."""
+    submit(Settings(), store, [command_adapter.validate_python(p) for p in payloads])
+
+
+def decision(store: EventStore, command_id: str) -> RecordedEvent:
+    """The first decision event of a command."""
+    return next(e for e in store.events_for_command(command_id)
+                if e.event_type != "CommandAccepted")
+
+
+def assert_replay_exact(store: EventStore) -> None:
+    """Every decision re-derives identically and the rebuilt projections equal the live ones."""
+    assert verify_decisions(store).drifts == []
+    assert compare_with_live(store) == []
