@@ -14,25 +14,28 @@ from controlplane.gateway.parameters import GatewayParameters
 from events.projections import StateView
 
 
-class MemoryPolicy(BaseModel):
-    """Parameters of the memory-fit decision."""
+class PolicyParameters(BaseModel):
+    """Base of every policy's parameters: strict, immutable, finite."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class MemoryPolicy(PolicyParameters):
+    """Parameters of the memory-fit decision."""
+
     usable_fraction: Annotated[float, Field(strict=True, gt=0, le=1)] = 0.90
 
 
-class PlacementPolicy(BaseModel):
+class PlacementPolicy(PolicyParameters):
     """Parameters of replica placement."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     usable_fraction: Annotated[float, Field(strict=True, gt=0, le=1)] = 0.90
     max_tensor_parallel: Annotated[int, Field(strict=True, gt=0, le=64)] = 8
 
 
-class AdmissionParameters(BaseModel):
+class AdmissionParameters(PolicyParameters):
     """Parameters of request admission; the live-token budget itself comes from ready replicas."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     # The share of the pool's ready KV capacity that admission may reserve (headroom below 1).
     live_token_budget_fraction: Annotated[float, Field(strict=True, gt=0, le=1)] = 1.0
     max_queued_requests: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 64
@@ -40,10 +43,9 @@ class AdmissionParameters(BaseModel):
     record_ttl_seconds: Annotated[float, Field(strict=True, gt=0, le=31_536_000)] = 3_600.0
 
 
-class AutoscalingParameters(BaseModel):
+class AutoscalingParameters(PolicyParameters):
     """Parameters of the token-demand autoscaler (spec 1.10)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     min_replicas: Annotated[int, Field(strict=True, gt=0, le=10_000)] = 1
     max_replicas: Annotated[int, Field(strict=True, gt=0, le=10_000)] = 8
     service_tokens_per_second_per_replica: Annotated[float, Field(strict=True, gt=0, le=1e9)] = 350.0
@@ -60,10 +62,9 @@ class AutoscalingParameters(BaseModel):
         return self
 
 
-class RolloutParameters(BaseModel):
+class RolloutParameters(PolicyParameters):
     """Default release requirements and canary ladder, used when a rollout declares none."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     min_sample_count: Annotated[int, Field(strict=True, gt=0, le=1_000_000_000)] = 500
     min_quality_score: Annotated[float, Field(strict=True, ge=0, le=1e6)] = 0.85
     max_quality_drop: Annotated[float, Field(strict=True, ge=0, le=1e6)] = 0.03
