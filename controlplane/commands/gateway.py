@@ -19,8 +19,6 @@ from controlplane.commands.base import (
     Fraction,
     Frozen,
     Name,
-    NonNegativeFloat,
-    PositiveFloat,
 )
 from controlplane.commands.memory import ModelMemorySpec
 
@@ -34,6 +32,8 @@ Tokens = Annotated[int, Field(strict=True, gt=0, le=MAX_TOKENS)]
 Units = Annotated[int, Field(strict=True, ge=0, le=10**15)]
 NetworkPolicyName = Literal["private_only", "hosted_allowed"]
 MAX_INPUT_CHARACTERS = 4_000_000
+# The tenant of a command that names none: the operator's scope (global routes, releases, budgets).
+OPERATOR_TENANT: str = CommandBase.model_fields["tenant"].default
 
 
 def _unique(values: list[str], field: str) -> list[str]:
@@ -250,12 +250,23 @@ class MoveReleasePointer(_TenantCommand):
         return [f"release-pointer/{self.pointer_name}"]
 
 
-class ConfigureBudget(CommandBase):
-    """Create a budget, or change its limit; several tenants may share one."""
+class ConfigureBudget(_TenantCommand):
+    """Create a budget owned by `tenant`, or (its owner only) change its limit and sharers.
+
+    Tenants other than the owner may attach to it (`RegisterTenant`) only when listed in
+    `shared_with`; a budget the operator creates (the default tenant) is open to every tenant,
+    as the operator's routes and releases are. A sharer still attached cannot be unlisted.
+    """
 
     type: Literal["ConfigureBudget"] = "ConfigureBudget"
     budget_id: Name
     limit_units: Units
+    shared_with: Annotated[list[TenantName], Field(max_length=1_000)] = []
+
+    @field_validator("shared_with")
+    @classmethod
+    def _no_repeats(cls, values: list[str]) -> list[str]:
+        return _unique(values, "shared_with")
 
     def creates(self) -> list[str]:
         return [f"budget/{self.budget_id}"]

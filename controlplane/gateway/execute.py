@@ -28,10 +28,10 @@ from controlplane.gateway.adapters import (
     adapter_for,
 )
 from controlplane.gateway.fixture_provider import PERSIST_FAULTS, fixture_provider
-from controlplane.gateway.world import budget_of
+from controlplane.gateway.world import budget_of, route_pricing
 from controlplane.policies.gateway_budget import BudgetMovement, release, settle
-from controlplane.policies.gateway_worksheet import hosted_request_cost, self_hosted_allocation
-from controlplane.policies.reasons import Reason, to_plain
+from controlplane.policies.gateway_worksheet import request_cost
+from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.state import gateway as gw
 from controlplane.state.fold import apply_event
 from events.model import NewEvent, RecordedEvent, StreamAppend, derived_event_id
@@ -153,18 +153,18 @@ def _budget_append(source: RecordedEvent, tx: LogTransaction, operation: dict[st
 
 
 def _cost(operation: dict[str, Any], tx: LogTransaction, result: AdapterResult) -> dict[str, Any] | None:
-    """The worksheet's cost of this request, when its route is priced."""
-    route = tx.projections.get(gw.REGISTRIES["route"], operation["route_id"]) or {}
-    prices, economics = route.get("prices"), route.get("economics")
-    if prices:
-        cost = hosted_request_cost(result.input_tokens, result.output_tokens,
-                                   prices["input_price_per_token"], prices["output_price_per_token"])
-    elif economics:
-        cost = self_hosted_allocation(economics["cost_units_per_hour"],
-                                      economics["busy_requests_per_second"], economics["utilisation"])
-    else:
-        return None
-    return {"cost_units": cost.cost_units, "basis": cost.outcome}
+    """The worksheet's cost of this request, when its route is priced.
+
+    Admission refused any route that could not price the grant, but usage may exceed the grant:
+    a cost that still cannot be computed is recorded as such, never at the price of the answer.
+    """
+    prices, economics = route_pricing(tx.projections.get(gw.REGISTRIES["route"], operation["route_id"])
+                                      or {})
+    try:
+        cost = request_cost(prices, economics, result.input_tokens, result.output_tokens)
+    except PolicyInputError as error:
+        return {"cost_units": None, "basis": "unpriced", "code": error.code}
+    return {"cost_units": cost.cost_units, "basis": cost.outcome} if cost is not None else None
 
 
 def _completed(source: RecordedEvent, result: AdapterResult) -> Build:

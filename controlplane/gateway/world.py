@@ -22,9 +22,10 @@ from controlplane.policies.gateway import (
     Tenant,
 )
 from controlplane.policies.gateway_admission import GatewayView
-from controlplane.policies.gateway_budget import BudgetState
+from controlplane.policies.gateway_budget import BudgetAccess, BudgetState
+from controlplane.policies.gateway_worksheet import ServingEconomics, TokenPrices
 from controlplane.policies.memory import ModelMemory
-from controlplane.state.gateway import BUDGETS, REGISTRIES
+from controlplane.state.gateway import BUDGET_ACCESS, BUDGETS, REGISTRIES
 from events.projections import StateView
 
 
@@ -86,12 +87,21 @@ def routes_of(state: StateView) -> tuple[Route, ...]:
     routes = []
     for route_id, row in state.items(REGISTRIES["route"]):
         plan = row.get("gpu_plan")
+        prices, economics = route_pricing(row)
         routes.append(Route(
             route_id=route_id, adapter_kind=AdapterKind(row["adapter_kind"]),
             provider=row["provider"], private=row["private"], approved=row["approved"],
             ready=row["ready"], compatible_profiles=frozenset(row["compatible_profiles"]),
-            pool=row.get("pool"), gpu_plan=GpuPlan(**plan) if plan else None))
+            pool=row.get("pool"), gpu_plan=GpuPlan(**plan) if plan else None,
+            prices=prices, economics=economics))
     return tuple(routes)
+
+
+def route_pricing(row: dict[str, Any]) -> tuple[TokenPrices | None, ServingEconomics | None]:
+    """A route record's tariff and serving economics, whichever it has."""
+    prices, economics = row.get("prices"), row.get("economics")
+    return (TokenPrices(**prices) if prices else None,
+            ServingEconomics(**economics) if economics else None)
 
 
 def budget_of(state: StateView, budget_id: str) -> BudgetState | None:
@@ -99,6 +109,20 @@ def budget_of(state: StateView, budget_id: str) -> BudgetState | None:
     if row is None:
         return None
     return BudgetState(budget_id, row["limit_units"], row["reserved_units"], row["committed_units"])
+
+
+def budget_access_of(state: StateView, budget_id: str) -> BudgetAccess | None:
+    row = state.get(BUDGET_ACCESS, budget_id)
+    if row is None:
+        return None
+    return BudgetAccess(budget_id, row["owner_tenant"], frozenset(row["shared_with"]),
+                        row["open_to_every_tenant"])
+
+
+def tenants_drawing_on(state: StateView, budget_id: str) -> frozenset[str]:
+    """The registered tenants attached to `budget_id`."""
+    return frozenset(tenant_id for tenant_id, row in state.items(REGISTRIES["tenant"])
+                     if row["budget_id"] == budget_id)
 
 
 def gateway_view(state: StateView, tenant_id: str, principal_id: str, pointer_name: str) -> GatewayView:

@@ -3,7 +3,9 @@ the release pointer and budgets.
 
 Each decision records the whole new record, so the projection copies it and explain shows it.
 A tenant may only change what it owns; a release bundle never changes; a pointer move with an
-`expected_version` is compare-and-set.
+`expected_version` is compare-and-set. A budget is changed only by the tenant that created it, and a
+tenant attaches to another tenant's budget only when that owner listed it in `shared_with` (the
+operator's budgets are open to every tenant); both are checked at submit and again at decision.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 from controlplane.commands.base import CommandBase
 from controlplane.commands.gateway import (
+    OPERATOR_TENANT,
     ConfigureBudget,
     ConfigureRoute,
     CreateReleaseBundle,
@@ -26,7 +29,7 @@ from controlplane.commands.gateway import (
     SetNetworkPolicy,
 )
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
-from controlplane.gateway.world import budget_of
+from controlplane.gateway.world import budget_access_of, budget_of, tenants_drawing_on
 from controlplane.handlers.base import Handler, Precheck
 from controlplane.policies.gateway_budget import reconfigure
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
@@ -55,8 +58,43 @@ def _refuse(command: CommandBase, ctx: DecisionContext, code: str, field: str, m
     return rejection(command, ctx, PolicyInputError(code, field, message), stream)
 
 
+def _budget_problem(command: CommandBase, state: StateView) -> PolicyInputError | None:
+    """Why `command` may not change, or attach its tenant to, the budget it names; None if it may."""
+    if isinstance(command, ConfigureBudget):
+        access = budget_access_of(state, command.budget_id)
+        if access is None:
+            return None
+        if not access.may_change(command.tenant):
+            return PolicyInputError("budget_tenant_mismatch", "budget_id",
+                                    f"budget {command.budget_id!r} belongs to another tenant")
+        locked_out = access.unshared(tenants_drawing_on(state, command.budget_id),
+                                     frozenset(command.shared_with))
+        if locked_out:
+            return PolicyInputError("budget_share_in_use", "shared_with",
+                                    f"tenants {locked_out} draw on budget {command.budget_id!r}; "
+                                    "attach them to another budget first")
+    elif isinstance(command, RegisterTenant):
+        access = budget_access_of(state, command.budget_id)
+        if access is not None and not access.may_attach(command.tenant):
+            return PolicyInputError("budget_not_shared", "budget_id",
+                                    f"budget {command.budget_id!r} belongs to another tenant "
+                                    "that has not shared it with this one")
+    return None
+
+
+def _precheck_budget(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
+    problem = _budget_problem(command, state)
+    return [(problem.field, problem.message)] if problem is not None else []
+
+
 def handle_register_tenant(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, RegisterTenant)
+    stream = f"tenant/{command.tenant}"
+    if budget_access_of(ctx.state, command.budget_id) is None:
+        return _refuse(command, ctx, "budget_not_configured", "budget_id", "no such budget", stream)
+    problem = _budget_problem(command, ctx.state)
+    if problem is not None:
+        return rejection(command, ctx, problem, stream)
     allowed = sorted(command.allowed_capabilities) if command.allowed_capabilities is not None else None
     record = {"tenant_id": command.tenant, "network_policy": command.network_policy,
               "budget_id": command.budget_id, "allowed_capabilities": allowed}
@@ -184,13 +222,20 @@ def handle_move_release_pointer(command: CommandBase, ctx: DecisionContext) -> l
 
 def handle_configure_budget(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, ConfigureBudget)
+    problem = _budget_problem(command, ctx.state)
+    if problem is not None:
+        return rejection(command, ctx, problem, gw.budget_stream(command.budget_id))
     before = budget_of(ctx.state, command.budget_id)
     after = reconfigure(before, command.budget_id, command.limit_units)
+    existing = budget_access_of(ctx.state, command.budget_id)
+    owner = existing.owner_tenant if existing is not None else command.tenant
+    access = {"owner_tenant": owner, "shared_with": sorted(command.shared_with),
+              "open_to_every_tenant": owner == OPERATOR_TENANT}
     reason = Reason("budget_configured", "budget limit set; reservations are kept",
-                    {"limit_units": command.limit_units})
+                    {"limit_units": command.limit_units, **access})
     data = decision_data(outcome="configured", reasons=[reason],
                          result={"budget_id": command.budget_id, "before": to_plain(before),
-                                 "after": to_plain(after)},
+                                 "after": to_plain(after), "access": access},
                          policy=None, inputs=command.payload(), ctx=ctx)
     return [append_to(gw.budget_stream(command.budget_id), ctx,
                       new_event(command, ctx, "decision", gw.BUDGET_CONFIGURED, data))]
@@ -221,6 +266,8 @@ HANDLERS: dict[str, Handler] = {
     "ConfigureBudget": handle_configure_budget,
 }
 PRECHECKS: dict[str, Precheck] = {
+    "RegisterTenant": _precheck_budget,
+    "ConfigureBudget": _precheck_budget,
     "RegisterPrincipal": _precheck_owner("principal", "principal_id"),
     "RevokePrincipal": _precheck_owner("principal", "principal_id"),
     "RegisterSource": _precheck_owner("source", "source_ref"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from controlplane.policies.gateway_worksheet import ServingEconomics, TokenPrices
 from controlplane.policies.memory import ModelMemory
 from controlplane.policies.reasons import Reason, require
 
@@ -167,6 +168,8 @@ class Route:
     compatible_profiles: frozenset[str]
     pool: str | None = None
     gpu_plan: GpuPlan | None = None
+    prices: TokenPrices | None = None
+    economics: ServingEconomics | None = None
 
 
 @dataclass(frozen=True)

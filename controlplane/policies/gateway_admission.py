@@ -3,7 +3,9 @@
 Guarantee (spec G1, G5): a plan exists only when authorise, select, bound and reserve all allowed;
 a denial stops at the first failing step, names it, and carries that step's failing gates. The
 release pointer is resolved before evidence is authorised because the bundle's refs are the
-original evidence (spec §5.1 step 3).
+original evidence (spec §5.1 step 3). Reserve first prices the grant on the chosen route: a route
+whose worst-case cost is not a finite number is denied there, so no provider is ever called for
+work whose cost could not be recorded.
 """
 
 from __future__ import annotations
@@ -22,22 +24,25 @@ from controlplane.policies.gateway import (
     Route,
     Source,
     SourceRef,
+    Step,
     StepVerdict,
     Tenant,
+    deny,
 )
 from controlplane.policies.gateway_authorise import (
     authorise_evidence,
     authorise_identity,
     evidence_set,
 )
-from controlplane.policies.gateway_bound import bound_request
+from controlplane.policies.gateway_bound import Bounds, bound_request
 from controlplane.policies.gateway_budget import BudgetState, reserve
 from controlplane.policies.gateway_select import (
     effective_network_policy,
     resolve_release,
     select_route,
 )
-from controlplane.policies.reasons import Reason
+from controlplane.policies.gateway_worksheet import request_cost
+from controlplane.policies.reasons import PolicyInputError, Reason
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,17 @@ def _denied(steps: list[StepVerdict]) -> Admission:
     return Admission("denied", tuple(steps), steps[-1].reasons)
 
 
+def unpriceable(route: Route, bounds: Bounds) -> StepVerdict | None:
+    """A reserve denial when the route cannot price the grant's worst case finitely; else None."""
+    try:
+        request_cost(route.prices, route.economics, bounds.input_tokens, bounds.max_output_tokens)
+    except PolicyInputError as error:
+        return deny(Step.RESERVE, [Reason(error.code, error.message, {
+            "field": error.field, "route_id": route.route_id, "input_tokens": bounds.input_tokens,
+            "max_output_tokens": bounds.max_output_tokens})])
+    return None
+
+
 def admit(request: DispatchRequest, view: GatewayView) -> Admission:
     """Run authorise, select, bound and reserve for a new operation, stopping at the first denial."""
     steps = [authorise_identity(request.tenant_id, request.principal_id, view.principal, view.tenant)]
@@ -117,11 +133,14 @@ def admit(request: DispatchRequest, view: GatewayView) -> Admission:
     steps.append(bounds.verdict)
     if not steps[-1].allowed:
         return _denied(steps)
+    route, profile = selection.route, selection.profile
+    unpriced = unpriceable(route, bounds)
+    if unpriced is not None:
+        return _denied([*steps, unpriced])
     verdict, after = reserve(view.budget, bounds.grant_units)
     steps.append(verdict)
     if not verdict.allowed:
         return _denied(steps)
-    route, profile = selection.route, selection.profile
     plan = DispatchPlan(
         release_id=view.bundle.release_id, profile_id=profile.profile_id, model_id=profile.model_id,
         route_id=route.route_id, adapter_kind=route.adapter_kind, provider=route.provider,

@@ -2,7 +2,8 @@
 
 A budget is plain state (`BudgetState`); every movement is a pure function returning the new state,
 so the control plane records before/after figures and its projection only copies them. Invariant:
-a reservation never takes committed + reserved above the limit.
+a reservation never takes committed + reserved above the limit. Who may change a budget and who may
+draw on it is `BudgetAccess`: only its owner changes it; a tenant attaches only if it may.
 """
 
 from __future__ import annotations
@@ -38,6 +39,30 @@ class BudgetMovement:
     before: BudgetState
     after: BudgetState
     reasons: tuple[Reason, ...]
+
+
+@dataclass(frozen=True)
+class BudgetAccess:
+    """A budget's owner and sharers; `open_to_every_tenant` for the operator's budgets."""
+
+    budget_id: str
+    owner_tenant: str
+    shared_with: frozenset[str] = frozenset()
+    open_to_every_tenant: bool = False
+
+    def may_change(self, tenant_id: str) -> bool:
+        """Only the tenant that created the budget changes its limit or sharers."""
+        return tenant_id == self.owner_tenant
+
+    def may_attach(self, tenant_id: str) -> bool:
+        """The owner, a listed sharer, or anyone for an operator's budget may draw on it."""
+        return self.open_to_every_tenant or tenant_id == self.owner_tenant or tenant_id in self.shared_with
+
+    def unshared(self, attached_tenants: frozenset[str], shared_with: frozenset[str]) -> list[str]:
+        """Tenants drawing on the budget that a new sharer list `shared_with` would lock out."""
+        if self.open_to_every_tenant:
+            return []
+        return sorted(attached_tenants - shared_with - {self.owner_tenant})
 
 
 def _check_units(value: int, name: str) -> None:

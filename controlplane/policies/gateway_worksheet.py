@@ -1,6 +1,8 @@
 """The course worksheet's arithmetic: latency before persistence, and per-request economics.
 
 These are planning figures, not measurements: each result names its assumptions in its reasons.
+Every cost is a finite number or a `PolicyInputError` (`cost_not_finite`): a cost the log cannot
+record is refused when it is computed, never discovered after a provider has done the work.
 """
 
 from __future__ import annotations
@@ -50,6 +52,28 @@ def latency_before_persist(queue_seconds: float, prefill_seconds: float, output_
     return LatencyEstimate("estimated", first_token, decode, total, (reason,))
 
 
+def _finite_cost(cost: float) -> None:
+    require(math.isfinite(cost), "cost_not_finite", "cost_units",
+            "the request's cost is not a finite number; the route's pricing is out of range")
+
+
+@dataclass(frozen=True)
+class TokenPrices:
+    """A hosted route's tariff in cost units per token."""
+
+    input_price_per_token: float
+    output_price_per_token: float
+
+
+@dataclass(frozen=True)
+class ServingEconomics:
+    """A self-hosted replica's cost per hour and the requests it serves while busy."""
+
+    cost_units_per_hour: float
+    busy_requests_per_second: float
+    utilisation: float
+
+
 @dataclass(frozen=True)
 class RequestCost:
     outcome: str
@@ -66,6 +90,7 @@ def hosted_request_cost(input_tokens: int, output_tokens: int, input_price_per_t
     _finite_at_least(input_price_per_token, 0, "input_price_per_token")
     _finite_at_least(output_price_per_token, 0, "output_price_per_token")
     cost = input_tokens * input_price_per_token + output_tokens * output_price_per_token
+    _finite_cost(cost)
     return RequestCost("priced", cost, (Reason(
         "hosted_cost", "priced at the provider's per-token rates on actual usage",
         {"input_tokens": input_tokens, "output_tokens": output_tokens,
@@ -82,9 +107,23 @@ def self_hosted_allocation(cost_units_per_hour: float, busy_requests_per_second:
     require(utilisation <= 1, "worksheet_value_out_of_range", "utilisation",
             "utilisation must be at most 1")
     served_per_hour = SECONDS_PER_HOUR * busy_requests_per_second * utilisation
-    cost = cost_units_per_hour / served_per_hour
+    # A rate so small that the product underflows to 0 serves nobody: an infinite cost, refused.
+    cost = cost_units_per_hour / served_per_hour if served_per_hour > 0 else math.inf
+    _finite_cost(cost)
     return RequestCost("allocated", cost, (Reason(
         "self_hosted_allocation", "replica cost spread over the requests it actually serves",
         {"cost_units_per_hour": cost_units_per_hour,
          "busy_requests_per_second": busy_requests_per_second, "utilisation": utilisation,
          "served_requests_per_hour": served_per_hour, "cost_units": cost}),))
+
+
+def request_cost(prices: TokenPrices | None, economics: ServingEconomics | None, input_tokens: int,
+                 output_tokens: int) -> RequestCost | None:
+    """A route's cost of one request: per-token prices if it has them, else its economics, else None."""
+    if prices is not None:
+        return hosted_request_cost(input_tokens, output_tokens, prices.input_price_per_token,
+                                   prices.output_price_per_token)
+    if economics is not None:
+        return self_hosted_allocation(economics.cost_units_per_hour,
+                                      economics.busy_requests_per_second, economics.utilisation)
+    return None

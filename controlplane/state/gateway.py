@@ -21,6 +21,8 @@ REGISTRIES = {
     "release-pointer": "gateway_pointer",
 }
 BUDGETS = "gateway_budget"
+# Who owns each budget and who may draw on it; set only by `BudgetConfigured`.
+BUDGET_ACCESS = "gateway_budget_access"
 OPERATIONS = "gateway_operation"
 
 TENANT_REGISTERED = "TenantRegistered"
@@ -82,8 +84,12 @@ def _budget(state: StateStore, event: RecordedEvent) -> None:
     after = result["after"]
     state.put(BUDGETS, after["budget_id"], {**after, "event_id": event.event_id})
     if event.event_type == BUDGET_CONFIGURED:
-        state.put(ENTITY, f"budget/{after['budget_id']}", {"kind": "budget",
-                                                            "event_id": event.event_id})
+        # A budget configured before ownership was recorded was open to every tenant: keep it so.
+        access = result.get("access") or {"owner_tenant": event.tenant, "shared_with": [],
+                                          "open_to_every_tenant": True}
+        state.put(BUDGET_ACCESS, after["budget_id"], {**access, "event_id": event.event_id})
+        state.put(ENTITY, f"budget/{after['budget_id']}",
+                  {"kind": "budget", "tenant": access["owner_tenant"], "event_id": event.event_id})
 
 
 def _update_operation(state: StateStore, event: RecordedEvent, changes: dict[str, Any]) -> None:

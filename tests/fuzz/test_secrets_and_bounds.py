@@ -14,17 +14,11 @@ from pathlib import Path
 import pytest
 
 import controlplane.submission as submission_module
-from controlplane.commands.gateway import TokenPricesSpec
-from controlplane.errors import SubmissionRejected
-from controlplane.gateway.responses import response_for
-from controlplane.gateway.scenario import dispatch, route
+from controlplane.gateway.scenario import route
 from controlplane.runtime import open_store
-from controlplane.settings import Settings
 from events.store import EventStore
 from tests.cli_helpers import run_cli
 from tests.factories import assess_memory
-from tests.fuzz.harness import embedded_fleet
-from workers.pipeline import submit
 from workers.runner import EmbeddedRedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,22 +173,18 @@ def test_a_command_too_large_for_a_line_is_too_large_in_an_array(sqlite_fleet: E
     _refused_quickly(sqlite_fleet, json.dumps([payload]))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: TokenPricesSpec/ServingEconomicsSpec floats have no upper "
-                   "(or useful lower) bound; 1.7e308 per token makes the hosted cost inf, the answer "
-                   "observation cannot be stored ('non-finite number inf in a decision'), and a call "
-                   "the provider completed is recorded persist_failed with its grant held. Fix: bound "
-                   "the prices and economics in commands/gateway.py, and require a finite cost in "
-                   "policies/gateway_worksheet.py.")
-def test_a_route_priced_beyond_float_range_never_loses_a_completed_answer(tmp_path: Path) -> None:
-    with embedded_fleet(tmp_path) as store:
-        settings = Settings.from_env()
-        extreme = TokenPricesSpec(input_price_per_token=1.7e308, output_price_per_token=1.7e308)
-        try:
-            submit(settings, store, [route("sh-1", ready=False), route("hc-1", prices=extreme)])
-        except SubmissionRejected:
-            return  # refused at the edge: the prices are bounded
-        request = dispatch("carol", "k-extreme-price")
-        submit(settings, store, [request])
-        response = response_for(store, request.command_id)
-    assert (response["outcome"], response["route_id"]) == ("completed", "hc-1")
-    assert response["answer"] is not None
+@pytest.mark.parametrize(("field", "value"), [
+    ("prices.input_price_per_token", 1.7e308), ("prices.output_price_per_token", 1.7e308),
+    ("economics.cost_units_per_hour", 1.7e308), ("economics.busy_requests_per_second", 5e-324),
+    ("economics.utilisation", 5e-324)])
+def test_route_pricing_that_could_make_a_cost_unrecordable_is_refused_at_the_edge(
+        sqlite_fleet: EventStore, field: str, value: float) -> None:
+    # Before the bounds, 1.7e308 per token made the hosted cost inf: the completed answer could not
+    # be stored and the call was recorded persist_failed with its grant held. A route recorded
+    # before the bounds is denied at reserve instead (tests/integration/test_gateway_pricing.py).
+    pricing = {"prices": {"input_price_per_token": 0.5, "output_price_per_token": 0.5},
+               "economics": {"cost_units_per_hour": 10.0, "busy_requests_per_second": 20.0,
+                             "utilisation": 0.5}}
+    group, name = field.split(".")
+    payload = {**route("hc-1").payload(), group: {**pricing[group], name: value}}
+    assert field in _refused_quickly(sqlite_fleet, json.dumps(payload))

@@ -143,10 +143,6 @@ def test_another_tenant_cannot_change_what_a_tenant_owns(gateway: GatewayDriver,
     assert gateway.store.head() == head
 
 
-@pytest.mark.xfail(strict=True, reason="GAP: ConfigureBudget carries no owner check, so any tenant can "
-                   "change any budget's limit (and RegisterTenant can attach any tenant to any budget). "
-                   "Fix (gateway owner): record the creating tenant on the budget and refuse changes "
-                   "from another tenant in a PRECHECK, as _precheck_owner does for principals.")
 def test_a_tenant_cannot_change_another_tenants_budget(gateway: GatewayDriver) -> None:
     gateway.run(ConfigureBudget(tenant="acme", budget_id="acme-only", limit_units=1_000))
     with contextlib.suppress(SubmissionRejected):  # refused at submit, or decided as a refusal
