@@ -209,7 +209,8 @@ class Results:
         return {
             "benchmark": "decisions", "seed": SEED, "commands": commands,
             "naive_commands": naive_commands, "batch_size": batch_size,
-            "runs": [m.as_json(**self.ratios(m)) for m in self.runs],
+            "runs": [m.as_json(**{name: None if r is None else round(r, 3)
+                                  for name, r in self.ratios(m).items()}) for m in self.runs],
             "floors": [m.as_json() for m in self.floors.values()],
             "skipped": self.skipped, "failed": self.failed,
             "goals": [{"goal": goal, "met": met} for goal, met in self.goals()],
