@@ -63,11 +63,11 @@ def accept(store: EventStore, commands: Sequence[CommandBase],
     otherwise `SubmissionRejected` lists each problem and nothing is written.
     """
     with store.transaction() as tx:
-        known = _stored_event_ids(tx, [accepted_event_id(c.command_id) for c in commands])
+        event_ids = [accepted_event_id(c.command_id) for c in commands]
+        known = _stored_event_ids(tx, event_ids)
         fresh, seen = [], set()
         fresh_lines = []
-        for index, command in enumerate(commands):
-            event_id = accepted_event_id(command.command_id)
+        for index, (command, event_id) in enumerate(zip(commands, event_ids, strict=True)):
             if event_id in known or command.command_id in seen:
                 continue
             seen.add(command.command_id)

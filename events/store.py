@@ -32,6 +32,7 @@ HEADER_FIELDS = (
     "recorded_at",
 )
 READ_CHUNK = 2_000
+MAX_KNOWN_VERSIONS = 100_000
 
 # Statements built once: the append path runs them for every decision.
 _MAX_VERSION = select(func.max(events_table.c.stream_version)).where(
@@ -235,6 +236,10 @@ class EventStore:
     def __init__(self, engine: Engine, checkpoint_every: int = 1_000) -> None:
         self.engine = engine
         self.checkpoint_every = checkpoint_every
+        # Stream versions as of the head this store last committed: still true while the head
+        # read under the lock is that same (position, hash), i.e. nobody else has appended.
+        self._known_head: tuple[int, str] | None = None
+        self._known_versions: dict[str, int] = {}
 
     @contextmanager
     def transaction(self) -> Iterator[LogTransaction]:
@@ -246,9 +251,14 @@ class EventStore:
                 query = query.with_for_update()
             head = conn.execute(query).one()
             tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
+            if self._known_head == (head.position, head.hash):
+                tx._versions = dict(self._known_versions)
             yield tx
             tx.flush()
             tx.projections.flush()
+        # Committed: remember the versions, bounded so a long-lived process stays small.
+        self._known_head = (tx.head_position, tx.head_hash)
+        self._known_versions = tx._versions if len(tx._versions) <= MAX_KNOWN_VERSIONS else {}
 
     def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
         """Atomically append to one or several streams (see `LogTransaction.append`)."""
