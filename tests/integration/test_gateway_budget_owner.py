@@ -4,31 +4,13 @@ cannot be unlisted. Refused at submit when the log already shows it, else decide
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from controlplane.commands.base import CommandBase
 from controlplane.commands.gateway import ConfigureBudget, RegisterTenant
 from controlplane.errors import SubmissionRejected
-from controlplane.gateway.fixture_provider import FIXTURE_DIR_ENV, FixtureProvider
-from controlplane.gateway.scenario import GatewayDriver, common_fixture, dispatch
-from controlplane.replay import compare_with_live, verify_decisions
-from controlplane.settings import Settings
+from controlplane.gateway.scenario import GatewayDriver, dispatch
 from controlplane.state import gateway as gw
-from events.store import EventStore
-
-
-@pytest.fixture
-def gateway(store: EventStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GatewayDriver]:
-    monkeypatch.setenv(FIXTURE_DIR_ENV, str(tmp_path / "provider"))
-    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
-    driver = GatewayDriver(Settings.from_env(), store, FixtureProvider(tmp_path / "provider"))
-    driver.run(*common_fixture())
-    yield driver
-    assert verify_decisions(store).drifts == []
-    assert compare_with_live(store) == []
 
 
 def refused_at_submit(gateway: GatewayDriver, command: CommandBase) -> list[str]:

@@ -7,33 +7,16 @@ routes here are recorded as a log written before the bounds would hold them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from controlplane.commands.gateway import ConfigureRoute, ServingEconomicsSpec, TokenPricesSpec
 from controlplane.decisions import DecisionContext
-from controlplane.gateway.fixture_provider import FIXTURE_DIR_ENV, FixtureProvider
-from controlplane.gateway.scenario import GatewayDriver, common_fixture, dispatch, route
+from controlplane.gateway.scenario import GatewayDriver, dispatch, route
 from controlplane.handlers.gateway_config import handle_configure_route
 from controlplane.policy_book import PolicyBook
-from controlplane.replay import compare_with_live, verify_decisions
-from controlplane.settings import Settings
 from controlplane.state import gateway as gw
 from controlplane.state.fold import apply_event
 from events.store import EventStore
-
-
-@pytest.fixture
-def gateway(store: EventStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GatewayDriver]:
-    monkeypatch.setenv(FIXTURE_DIR_ENV, str(tmp_path / "provider"))
-    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
-    driver = GatewayDriver(Settings.from_env(), store, FixtureProvider(tmp_path / "provider"))
-    driver.run(*common_fixture())
-    yield driver
-    assert verify_decisions(store).drifts == []
-    assert compare_with_live(store) == []
 
 
 def record_unbounded_route(store: EventStore, command: ConfigureRoute) -> None:
