@@ -24,7 +24,6 @@ from controlplane.runtime import open_store  # noqa: E402
 from controlplane.simulation.config import SimulationConfig  # noqa: E402
 from controlplane.simulation.report import build_report  # noqa: E402
 from controlplane.simulation.run import Simulation  # noqa: E402
-from controlplane.simulation.store import SimulationStore  # noqa: E402
 from controlplane.simulation.traces import read_trace  # noqa: E402
 
 AZURE_CONV = ROOT / "fixtures" / "traces" / "AzureLLMInferenceTrace_conv.csv"
@@ -44,7 +43,7 @@ def main() -> None:
         trace = read_trace(args.trace, args.limit)
         store = open_store(f"sqlite:///{directory}/simulation.db")
         run = Simulation(trace, SimulationConfig(control_interval_seconds=args.control_interval),
-                         SimulationStore.of(store)).run()
+                         store).run()
         wall, cpu = time.perf_counter() - started_wall, time.process_time() - started_cpu
         report = build_report(run, wall, "sqlite (temporary)", None)
         events = store.head()[0]

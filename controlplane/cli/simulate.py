@@ -22,7 +22,6 @@ from controlplane.simulation.config import SimulationConfig
 from controlplane.simulation.report import build_report, render
 from controlplane.simulation.routing import Routing
 from controlplane.simulation.run import Simulation
-from controlplane.simulation.store import SimulationStore
 from controlplane.simulation.traces import read_trace
 
 ProgressCallback = Callable[[int, int], None]
@@ -109,10 +108,9 @@ def simulate(trace: Path, limit: int | None, routing: str, replicas: int, min_re
     store = open_store(url)
     if store.head()[0] != 0:
         raise InputError(f"--log {log} already holds events; a simulation needs an empty log")
-    simulation_store = SimulationStore.of(store)
     with _progress(sys.stderr.isatty()) as progress:
         started = time.perf_counter()
-        run = Simulation(requests, config, simulation_store, progress).run()
+        run = Simulation(requests, config, store, progress).run()
         wall_seconds = time.perf_counter() - started
     report = build_report(run, wall_seconds, url, None if no_chart else str(chart_path))
     if not no_chart:
