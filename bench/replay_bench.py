@@ -1,12 +1,17 @@
 """Replay benchmark: rebuild every projection from the log beside the floor of scanning it.
 
-Run `python bench/replay_bench.py [--requests N] [--json]`. It decides a seeded mixed fleet
-workload (`controlplane.workloads.mixed_fleet`: inventory, placements, admissions and releases,
-autoscaler ticks, canaries) into a fresh SQLite log, then measures in one run, each in its own
-child process so peak resident memory is its own:
-  - rebuild: fold every event into fresh projections (what `fleetctl replay` does);
-  - floor:   scan the same rows and decode their JSON, doing nothing else;
+Run `python bench/replay_bench.py [--requests N | --events N] [--log PATH] [--json]`; the issue's
+scale is `--events 1000000`. It decides a seeded mixed fleet workload
+(`controlplane.workloads.mixed_fleet`: inventory, placements, admissions and releases, autoscaler
+ticks, canaries) into a SQLite log through the ordinary accept and decide path, then measures in
+one run, each in its own child process so peak resident memory is its own:
+  - floor:   scan the rows and decode their JSON, doing nothing else;
+  - rebuild: fold every event into fresh projections (what `fleetctl replay` does), over the
+             first quarter of the log and over all of it: equal peaks mean memory is flat;
   - verify:  re-derive every decision (`fleetctl replay --verify`).
+`--log PATH` keeps the built log there and reuses it on the next run with the same size, since
+building 1,000,000 events takes minutes. Peak memory is the child's own high-water mark
+(`VmHWM`), not `ru_maxrss`, which a child inherits from the parent that forked it.
 Goals (issue 8): rebuild at least 0.5 of the floor, memory flat in the log size (under 300 MB at
 1,000,000 events), verify over 100,000 decisions in under 60 seconds.
 """
@@ -21,14 +26,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import format_table, load_average  # noqa: E402
 
+EVENTS_PER_REQUEST = 6.0  # measured on mixed_fleet: accept, decide and pool event per admit and release
+SEED = 20261130
+
 
 def build_log(url: str, requests: int) -> tuple[int, int]:
+    """Decide the workload into the log at `url`; returns (events, decisions)."""
     from controlplane.commands import command_adapter
     from controlplane.logging import configure_logging
     from controlplane.runtime import open_store
@@ -38,7 +48,7 @@ def build_log(url: str, requests: int) -> tuple[int, int]:
     configure_logging("WARNING")
     store = open_store(url)
     decided = 0
-    for phase in mixed_fleet(20261130, requests=requests):
+    for phase in mixed_fleet(SEED, requests=requests):
         for start in range(0, len(phase), 2_000):
             accept(store, [command_adapter.validate_python(p) for p in phase[start:start + 2_000]])
             while pending := pending_command_ids(store):
@@ -47,7 +57,18 @@ def build_log(url: str, requests: int) -> tuple[int, int]:
     return store.head()[0], decided
 
 
-def measure(url: str, what: str) -> dict[str, float | int]:
+def peak_rss_mib() -> float:
+    """This process's own peak resident memory (Linux `VmHWM`; `ru_maxrss` elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(url: str, what: str, to_position: int | None) -> dict[str, float | int]:
     """Runs in a child process: one measurement and its peak resident memory."""
     from controlplane.logging import configure_logging
     from controlplane.replay import fold, verify_decisions
@@ -56,55 +77,107 @@ def measure(url: str, what: str) -> dict[str, float | int]:
     configure_logging("WARNING")
     store = open_store(url)
     started = time.perf_counter()
-    count = 0
+    count, rows = 0, 0
     if what == "rebuild":
-        state = fold(store.read_all())
-        count = sum(len(rows) for rows in state.tables.values())
+        state = fold(store.read_all(to_position=to_position))
+        rows = sum(len(table) for table in state.tables.values())
+        count = to_position if to_position is not None else store.head()[0]
     elif what == "floor":
-        for row in store.read_all(raw=True):
+        for row in store.read_all(to_position=to_position, raw=True):
             json.loads(row["data"])
             count += 1
     else:
-        count = verify_decisions(store).decisions_checked
+        count = verify_decisions(store, to_position=to_position).decisions_checked
     seconds = time.perf_counter() - started
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"seconds": seconds, "count": count, "peak_rss_mib": peak_mib}
+    return {"seconds": seconds, "count": count, "rows_kept": rows, "peak_rss_mib": peak_rss_mib()}
+
+
+def in_child(url: str, what: str, to_position: int | None = None) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", url, what, str(to_position or 0)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def prepared_log(path: Path, requests: int) -> tuple[int, int, float, bool]:
+    """Build the log at `path`, or reuse the one a run with the same size left there."""
+    manifest = path.with_suffix(path.suffix + ".json")
+    wanted = {"seed": SEED, "requests": requests}
+    if path.exists() and manifest.exists():
+        recorded = json.loads(manifest.read_text())
+        if {k: recorded.get(k) for k in wanted} == wanted:
+            return recorded["events"], recorded["decisions"], recorded["build_seconds"], True
+    for stale in (path, manifest, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        stale.unlink(missing_ok=True)
+    started = time.perf_counter()
+    events, decisions = build_log(f"sqlite:///{path}", requests)
+    built = time.perf_counter() - started
+    manifest.write_text(json.dumps({**wanted, "events": events, "decisions": decisions,
+                                    "build_seconds": built}))
+    return events, decisions, built, False
+
+
+def run(path: Path, requests: int) -> dict[str, Any]:
+    events, decisions, built, reused = prepared_log(path, requests)
+    url = f"sqlite:///{path}"
+    quarter = events // 4
+    results = {"floor": in_child(url, "floor"), "rebuild_quarter": in_child(url, "rebuild", quarter),
+               "rebuild": in_child(url, "rebuild"), "verify": in_child(url, "verify")}
+    floor, rebuild = results["floor"], results["rebuild"]
+    return {"events": events, "decisions": decisions, "requests": requests,
+            "build_seconds": built, "log_reused": reused, "quarter_events": quarter,
+            "results": results, "rebuild_ratio_to_floor": floor["seconds"] / rebuild["seconds"],
+            "rebuild_peak_growth_mib": rebuild["peak_rss_mib"]
+            - results["rebuild_quarter"]["peak_rss_mib"],
+            "load_average": load_average()}
+
+
+def print_report(report: dict[str, Any]) -> None:
+    results, events = report["results"], report["events"]
+    built = "reused" if report["log_reused"] else "built"
+    print(f"replay benchmark: {events:,} events, {report['decisions']:,} decisions "
+          f"({built} in {report['build_seconds']:.1f}s; load {report['load_average']})")
+    sizes = {"rebuild_quarter": report["quarter_events"]}
+    rows = [[name.replace("_", " "), f"{sizes.get(name, events):,}", f"{r['seconds']:.2f}",
+             f"{sizes.get(name, events) / r['seconds']:,.0f}",
+             f"{r['rows_kept']:,}" if r["rows_kept"] else "", f"{r['peak_rss_mib']:.0f}"]
+            for name, r in results.items()]
+    print(format_table(["what", "events", "seconds", "events/s", "rows kept", "peak RSS MiB"],
+                       rows))
+    verify = results["verify"]
+    print(f"rebuild / floor speed: {report['rebuild_ratio_to_floor']:.2f} (goal >= 0.5); "
+          f"rebuild peak grew {report['rebuild_peak_growth_mib']:+.0f} MiB from a quarter of the "
+          f"log to all of it (goal: flat, < 300 MB); verify re-derived {verify['count']:,} "
+          f"decisions in {verify['seconds']:.1f}s "
+          f"({verify['seconds'] * 100_000 / max(verify['count'], 1):.1f}s per 100,000; goal < 60)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=20_000,
-                        help="admission requests in the workload (about 3 events each)")
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--requests", type=int, default=20_000,
+                      help="admission requests in the workload (about 6 events each)")
+    size.add_argument("--events", type=int,
+                      help="about this many events in the log (1000000 for the issue's scale)")
+    parser.add_argument("--log", type=Path, help="keep the built log here and reuse it next time")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--child", nargs=2, metavar=("URL", "WHAT"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, metavar=("URL", "WHAT", "POSITION"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(*args.child)))
+        url, what, position = args.child
+        print(json.dumps(measure(url, what, int(position) or None)))
         return
-    with tempfile.TemporaryDirectory() as folder:
-        url = f"sqlite:///{folder}/replay.db"
-        started = time.perf_counter()
-        events, decisions = build_log(url, args.requests)
-        built = time.perf_counter() - started
-        results = {}
-        for what in ("floor", "rebuild", "verify"):
-            out = subprocess.run([sys.executable, __file__, "--child", url, what],
-                                 capture_output=True, text=True, check=True).stdout
-            results[what] = json.loads(out.strip().splitlines()[-1])
-    floor, rebuild, verify = results["floor"], results["rebuild"], results["verify"]
-    report = {"events": events, "decisions": decisions, "build_seconds": built,
-              "results": results, "rebuild_ratio_to_floor": floor["seconds"] / rebuild["seconds"],
-              "load_average": load_average()}
+    requests = round(args.events / EVENTS_PER_REQUEST) if args.events else args.requests
+    if args.log is not None:
+        report = run(args.log.resolve(), requests)
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            report = run(Path(folder) / "replay.db", requests)
     if args.json:
         print(json.dumps(report, indent=2))
-        return
-    print(f"replay benchmark: {events:,} events, {decisions:,} decisions "
-          f"(built in {built:.1f}s; load {report['load_average']})")
-    rows = [[name, f"{r['seconds']:.2f}", f"{events / r['seconds']:,.0f}", f"{r['peak_rss_mib']:.0f}"]
-            for name, r in (("scan floor", floor), ("rebuild", rebuild), ("verify", verify))]
-    print(format_table(["what", "seconds", "events/s", "peak RSS MiB"], rows))
-    print(f"rebuild / floor speed: {report['rebuild_ratio_to_floor']:.2f} (goal >= 0.5); "
-          f"verify re-derived {verify['count']:,} decisions in {verify['seconds']:.1f}s")
+    else:
+        print_report(report)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,22 @@
 
 Rebuilding folds stored facts and never calls a policy. Re-deriving calls the handler on
 purpose, against the state folded up to just before the decision, and compares.
+
+Memory is flat in the log's length: events are read in chunks and folded one at a time, the
+projections themselves are bounded (settled admission records are forgotten by the decisions
+that say so), and re-derivation keeps only recent stream versions, reading older ones back from
+the log.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy import bindparam, func, select
+from sqlalchemy.engine import Connection
 
 from controlplane.commands import parse_command
 from controlplane.decisions import ACCEPTED, DecisionContext
@@ -18,8 +27,12 @@ from controlplane.state.fold import apply_event
 from events.model import RecordedEvent
 from events.projections import MemoryProjections, drop_all, load_all
 from events.store import EventStore
+from events.tables import events_table
 
 ProgressFn = Callable[[int], None]
+_VERSION_AT = select(func.max(events_table.c.stream_version)).where(
+    events_table.c.stream_id == bindparam("stream_id"),
+    events_table.c.position <= bindparam("position"))
 
 
 def fold(events: Iterator[RecordedEvent], progress: ProgressFn | None = None) \
@@ -71,6 +84,52 @@ def rebuild_live(store: EventStore) -> int:
     return count
 
 
+class StreamVersions:
+    """Each stream's version as of the last folded event, in bounded memory.
+
+    The versions of recently written streams are kept in two generations of at most `limit`
+    each; a stream written longer ago is read back from the log, at the folded position.
+    """
+
+    def __init__(self, store: EventStore, limit: int = 50_000) -> None:
+        self.store, self.limit = store, limit
+        self.young: dict[str, int] = {}
+        self.old: dict[str, int] = {}
+        self.dropped_any = False
+        self.position = 0
+        self._connection: Connection | None = None
+
+    def folded(self, event: RecordedEvent) -> None:
+        """Record that `event` is folded: its stream is at its version."""
+        self.young[event.stream_id] = event.stream_version
+        self.position = event.position
+        if len(self.young) > self.limit:
+            self.dropped_any = self.dropped_any or bool(self.old)
+            self.old, self.young = self.young, {}
+
+    def __call__(self, stream_id: str) -> int:
+        """The stream's version as of the folded position, 0 for a stream not yet written."""
+        version = self.young.get(stream_id)
+        if version is None:
+            version = self.old.get(stream_id)
+        if version is None:
+            version = self._read_back(stream_id) if self.dropped_any else 0
+        return version
+
+    def _read_back(self, stream_id: str) -> int:
+        if self._connection is None:
+            self._connection = self.store.engine.connect()
+        found = self._connection.execute(_VERSION_AT, {"stream_id": stream_id,
+                                                       "position": self.position}).scalar()
+        return int(found or 0)
+
+    def close(self) -> None:
+        """Release the connection used to read versions back, if one was opened."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+
 @dataclass
 class Drift:
     """A decision whose re-derivation differs from what was recorded."""
@@ -112,7 +171,7 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
     policies = policies or PolicyBook()
     what_if = bool(policies.overrides)
     state = MemoryProjections()
-    versions: dict[str, int] = {}
+    versions = StreamVersions(store)
     commands: dict[str, tuple[dict[str, Any], str]] = {}
     report = VerifyReport()
     group: list[RecordedEvent] = []
@@ -124,46 +183,46 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
                 _fold_one(state, versions, event)
             group.clear()
 
-    for count, event in enumerate(store.read_all(to_position=to_position), 1):
-        if group and event.command_id != group[0].command_id and not (
-                event.event_type == ACCEPTED and event.causation_id is not None):
-            settle()
-        if event.event_type == ACCEPTED and group and event.causation_id is not None \
-                and event.causation_id in {e.event_id for e in group}:
-            # A follow-up command the open decision issued: part of that decision.
-            group.append(event)
-            commands[event.data["command"]["command_id"]] = (event.data["command"],
-                                                               event.event_id)
-        elif event.event_type == ACCEPTED:
-            settle()
-            commands[event.data["command"]["command_id"]] = (event.data["command"],
-                                                               event.event_id)
-            _fold_one(state, versions, event)
-        elif (event.command_id is not None and event.command_id in commands
-              and event.event_type not in OBSERVATIONS):
-            group.append(event)
-        else:
-            settle()
-            _fold_one(state, versions, event)
-        if progress is not None and count % 10_000 == 0:
-            progress(count)
-    settle()
+    with closing(versions):
+        for count, event in enumerate(store.read_all(to_position=to_position), 1):
+            if group and event.command_id != group[0].command_id and not (
+                    event.event_type == ACCEPTED and event.causation_id is not None):
+                settle()
+            if event.event_type == ACCEPTED and group and event.causation_id is not None \
+                    and event.causation_id in {e.event_id for e in group}:
+                # A follow-up command the open decision issued: part of that decision.
+                group.append(event)
+                commands[event.data["command"]["command_id"]] = (event.data["command"],
+                                                                   event.event_id)
+            elif event.event_type == ACCEPTED:
+                settle()
+                commands[event.data["command"]["command_id"]] = (event.data["command"],
+                                                                   event.event_id)
+                _fold_one(state, versions, event)
+            elif (event.command_id is not None and event.command_id in commands
+                  and event.event_type not in OBSERVATIONS):
+                group.append(event)
+            else:
+                settle()
+                _fold_one(state, versions, event)
+            if progress is not None and count % 10_000 == 0:
+                progress(count)
+        settle()
     return report
 
 
-def _fold_one(state: MemoryProjections, versions: dict[str, int], event: RecordedEvent) -> None:
-    versions[event.stream_id] = event.stream_version
+def _fold_one(state: MemoryProjections, versions: StreamVersions, event: RecordedEvent) -> None:
+    versions.folded(event)
     apply_event(state, event)
 
 
 def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any], str]],
-           state: MemoryProjections, versions: dict[str, int], policies: PolicyBook,
+           state: MemoryProjections, versions: StreamVersions, policies: PolicyBook,
            what_if: bool, report: VerifyReport) -> None:
     first = group[0]
     payload, accepted_id = commands.pop(first.command_id or "")
     command = parse_command(payload)
-    context = DecisionContext(state, first.position - 1, lambda s: versions.get(s, 0), policies,
-                              accepted_id)
+    context = DecisionContext(state, first.position - 1, versions, policies, accepted_id)
     appends = HANDLERS[payload["type"]](command, context)
     rederived = [{"stream_id": a.stream_id, "event_type": e.event_type, "data": e.data}
                  for a in appends for e in a.events]

@@ -11,12 +11,14 @@ Choices (spec 1.8 and 8): a request id already decided gets its recorded decisio
 queue in FIFO order, each promotion its own decision. A pool with no ready capacity sheds with
 `no_ready_capacity` and, while it has no budget, promotes nothing. A shed links (`causes`) to the
 placements of the pool's warming replicas: the capacity that was on its way.
+
+A settled record is gone once past its TTL, even before a decision forgets it from the
+projection; `admission_pool` says how decisions bound what is kept and record what they forget.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 from controlplane.commands.base import CommandBase
@@ -29,6 +31,13 @@ from controlplane.decisions import (
     new_event,
     rejection,
 )
+from controlplane.handlers.admission_pool import (
+    PoolCapacity,
+    admission_policy,
+    pool_capacity,
+    pool_event,
+    settled_sequences,
+)
 from controlplane.handlers.base import Handler
 from controlplane.policies.admission import (
     AdmissionAction,
@@ -40,65 +49,23 @@ from controlplane.policies.admission import (
     decide_admission,
     release,
 )
+from controlplane.policies.admission_records import SETTLED, settled_record_expired
 from controlplane.policies.reasons import PolicyInputError, Reason
 from controlplane.policy_book import PolicyInForce
 from controlplane.state.admission import (
     ADMISSION,
     ADMISSION_REPLAYED,
     ADMISSION_REQUEST,
-    POOL_ADMISSION_CHANGED,
     REQUEST_ADMITTED,
     REQUEST_QUEUED,
     REQUEST_RELEASED,
     REQUEST_SHED,
     empty_pool_admission,
 )
-from controlplane.state.fleet import POOL, REPLICA
 from events.model import NewEvent, StreamAppend
-from events.projections import StateView
 
 EVENT_TYPES = {AdmissionAction.ADMIT: REQUEST_ADMITTED, AdmissionAction.QUEUE: REQUEST_QUEUED,
                AdmissionAction.SHED: REQUEST_SHED, AdmissionAction.RELEASE: REQUEST_RELEASED}
-_SETTLED = ("shed", "release")
-
-
-@dataclass(frozen=True)
-class PoolCapacity:
-    """What a pool can serve now (ready replicas) and what is still warming."""
-
-    pool_id: str
-    ready: dict[str, int]
-    warming: dict[str, int]
-    budget_tokens: int
-    budget_fraction: float
-    placement_event_ids: list[str]
-
-    def facts(self) -> dict[str, Any]:
-        return {"pool_id": self.pool_id, "ready_replicas": sorted(self.ready),
-                "ready_kv_capacity_tokens": sum(self.ready.values()),
-                "live_token_budget": self.budget_tokens,
-                "live_token_budget_fraction": self.budget_fraction,
-                "warming_replicas": sorted(self.warming),
-                "warming_kv_capacity_tokens": sum(self.warming.values())}
-
-
-def pool_capacity(state: StateView, pool_id: str, policy: PolicyInForce) -> PoolCapacity:
-    """The pool's budget from its ready replicas' KV capacity, and its warming replicas."""
-    pool = state.get(POOL, pool_id) or {"ready": {}, "warming": {}, "live_token_budget": 0}
-    fraction = policy.parameters["live_token_budget_fraction"]
-    warming = dict(sorted(pool["warming"].items()))
-    replicas = [state.get(REPLICA, replica_id) for replica_id in warming]
-    return PoolCapacity(pool_id, dict(sorted(pool["ready"].items())), warming,
-                        math.floor(pool["live_token_budget"] * fraction), fraction,
-                        [r["decision_event_id"] for r in replicas if r is not None])
-
-
-def _policy(policy: PolicyInForce, budget_tokens: int) -> AdmissionPolicy:
-    parameters = policy.parameters
-    return AdmissionPolicy(max_live_tokens=budget_tokens,
-                           max_queued_requests=parameters["max_queued_requests"],
-                           max_tokens_per_request=parameters["max_tokens_per_request"],
-                           record_ttl_seconds=parameters["record_ttl_seconds"])
 
 
 def _record(row: dict[str, Any]) -> AdmissionRecord:
@@ -109,40 +76,27 @@ def _record(row: dict[str, Any]) -> AdmissionRecord:
     return AdmissionRecord(request, decision, row["decided_at_seconds"])
 
 
-def _still_recorded(row: dict[str, Any] | None, now: float, policy: PolicyInForce) -> bool:
-    """The policy's expiry rule: settled records are forgotten after the record TTL."""
+def _still_recorded(row: dict[str, Any] | None, now: float, rules: AdmissionPolicy) -> bool:
+    """The policy's expiry rule: a settled record past its TTL is gone, even before it is pruned."""
     return row is not None and not (
-        row["action"] in _SETTLED
-        and row["decided_at_seconds"] + policy.parameters["record_ttl_seconds"] <= now)
+        AdmissionAction(row["action"]) in SETTLED
+        and settled_record_expired(row["decided_at_seconds"], now, rules))
 
 
 def _request_event(command: CommandBase, ctx: DecisionContext, slot: str,
                    decision: AdmissionDecision, request: AdmissionRequest, pool_id: str,
                    now: float, policy: PolicyInForce, inputs: dict[str, Any],
-                   causes: list[str]) -> NewEvent:
+                   causes: list[str], sequences: Iterator[int]) -> NewEvent:
+    """A request's decision; a settled one takes the pool's next settled sequence number."""
     result = {"request_id": request.identifier, "pool_id": pool_id,
               "action": decision.action.value, "reserved_tokens": decision.reserved_tokens,
               "prompt_tokens": request.prompt_tokens, "max_output_tokens": request.max_output_tokens,
               "deadline_at_seconds": request.deadline_at_seconds, "decided_at_seconds": now}
+    if decision.action in SETTLED:
+        result["settled_sequence"] = next(sequences)
     data = decision_data(outcome=decision.action.value, reasons=decision.reasons, result=result,
                          policy=policy, inputs=inputs, ctx=ctx, causes=causes)
     return new_event(command, ctx, slot, EVENT_TYPES[decision.action], data)
-
-
-def _pool_event(command: CommandBase, ctx: DecisionContext, before: dict[str, Any],
-                live_tokens: int, queue: list[str], decided: list[NewEvent]) -> StreamAppend:
-    counts = dict(before["decisions"])
-    for event in decided:
-        counts[event.data["outcome"]] += 1
-    after = {"pool_id": before["pool_id"], "live_tokens": live_tokens, "queue": queue,
-             "decisions": counts}
-    reason = Reason("pool_admission_changed", "live-token reservations and queue after the decision",
-                    {"live_tokens_before": before["live_tokens"], "live_tokens_after": live_tokens,
-                     "queued_before": len(before["queue"]), "queued_after": len(queue)})
-    data = decision_data(outcome="applied", reasons=[reason], result=after, policy=None, inputs={},
-                         ctx=ctx, causes=[event.event_id for event in decided])
-    return append_to(f"pool/{before['pool_id']}", ctx,
-                     new_event(command, ctx, "pool", POOL_ADMISSION_CHANGED, data))
 
 
 def _answer_again(command: CommandBase, ctx: DecisionContext, row: dict[str, Any],
@@ -189,7 +143,7 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
     request = AdmissionRequest(command.request_id, command.prompt_tokens,
                                command.max_output_tokens, seconds(command.deadline_at))
     row = ctx.state.get(ADMISSION_REQUEST, command.request_id)
-    if row is not None and _still_recorded(row, now, policy):
+    if row is not None and _still_recorded(row, now, admission_policy(policy)):
         same = _record(row).request == request and row["pool_id"] == command.pool_id
         return _answer_again(command, ctx, row, same, policy)
     capacity = pool_capacity(ctx.state, command.pool_id, policy)
@@ -206,7 +160,7 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
         try:
             decision = decide_admission(
                 PoolState(admission["live_tokens"], tuple(admission["queue"])), request, now,
-                command.estimated_queue_seconds, _policy(policy, capacity.budget_tokens))
+                command.estimated_queue_seconds, admission_policy(policy, capacity.budget_tokens))
         except PolicyInputError as error:
             return rejection(command, ctx, error, f"request/{command.request_id}")
     causes: list[str] = []
@@ -214,13 +168,13 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
         decision = _explained_shed(decision, capacity, policy)
         causes = capacity.placement_event_ids
     event = _request_event(command, ctx, "decision", decision, request, command.pool_id, now,
-                           policy, inputs, causes)
+                           policy, inputs, causes, settled_sequences(admission))
     queue = list(admission["queue"])
     if decision.action is AdmissionAction.QUEUE:
         queue.append(command.request_id)
     return [append_to(f"request/{command.request_id}", ctx, event),
-            _pool_event(command, ctx, admission, admission["live_tokens"] + decision.reserved_tokens,
-                        queue, [event])]
+            pool_event(command, ctx, admission, admission["live_tokens"] + decision.reserved_tokens,
+                       queue, [event], now, admission_policy(policy))]
 
 
 def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
@@ -247,23 +201,24 @@ def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[S
                       tuple(_record(r) for r in rows.values()))
     try:
         decisions, after = release(state, command.request_id, now,
-                                   _policy(policy, max(capacity.budget_tokens, 1)))
+                                   admission_policy(policy, max(capacity.budget_tokens, 1)))
     except PolicyInputError as error:
         return rejection(command, ctx, error, stream)
     if row["action"] == AdmissionAction.RELEASE.value:
         return _answer_again(command, ctx, row, True, policy)
     inputs = {"command": command.payload(), "pool": capacity.facts(),
               "admission": {"live_tokens": admission["live_tokens"], "queue": list(queue)}}
+    sequences = settled_sequences(admission)
     released = _request_event(command, ctx, "decision", decisions[0],
-                              _record(row).request, pool_id, now, policy, inputs, [])
+                              _record(row).request, pool_id, now, policy, inputs, [], sequences)
     followers = [_request_event(command, ctx, f"promote/{d.request_id}", d,
                                 _record(rows[d.request_id]).request, pool_id, now, policy,
-                                inputs, [released.event_id]) for d in decisions[1:]]
+                                inputs, [released.event_id], sequences) for d in decisions[1:]]
     appends = [append_to(stream, ctx, released)]
     appends += [append_to(f"request/{e.data['result']['request_id']}", ctx, e) for e in followers]
     remaining = list(after.queue) if promote else [rid for rid in queue if rid != command.request_id]
-    appends.append(_pool_event(command, ctx, admission, after.live_tokens, remaining,
-                               [released, *followers]))
+    appends.append(pool_event(command, ctx, admission, after.live_tokens, remaining,
+                              [released, *followers], now, admission_policy(policy)))
     return appends
 
 

@@ -11,80 +11,34 @@ Deliberate choices on the reference's quirks (spec §8):
   request cannot be starved; `release` promotes the head while it fits, shedding a head whose
   deadline has passed. The queue estimate only decides the deadline of a request that would wait.
 - A shed is permanent for the life of its record. Settled records (shed, released) expire after
-  `record_ttl_seconds` and at most `max_settled_records` are kept (oldest first out); an expired
-  id is judged afresh. Admitted and queued records never expire: they hold the reservation.
+  `record_ttl_seconds` and at most `max_settled_records` are kept per pool, forgotten in the
+  order they settled (oldest first out); an expired or forgotten id is judged afresh. Admitted
+  and queued records never expire: they hold the reservation. `records` lists a pool's records
+  in the order of their last decision, so its settled ones are in the order they settled.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from enum import StrEnum
 
+from controlplane.policies.admission_records import (
+    AdmissionAction,
+    AdmissionDecision,
+    AdmissionPolicy,
+    AdmissionRecord,
+    AdmissionRequest,
+    PoolState,
+    find_record,
+    forget_settled,
+)
 from controlplane.policies.reasons import PolicyInputError, Reason, require
 
-
-class AdmissionAction(StrEnum):
-    ADMIT = "admit"
-    QUEUE = "queue"
-    SHED = "shed"
-    REJECT = "reject"
-    RELEASE = "release"
+__all__ = ["AdmissionAction", "AdmissionController", "AdmissionDecision", "AdmissionPolicy",
+           "AdmissionRecord", "AdmissionRequest", "PoolState", "admit", "apply_decision",
+           "decide_admission", "release"]
 
 
-@dataclass(frozen=True)
-class AdmissionRequest:
-    identifier: str
-    prompt_tokens: int
-    max_output_tokens: int
-    deadline_at_seconds: float
-
-    @property
-    def maximum_live_tokens(self) -> int:
-        return self.prompt_tokens + self.max_output_tokens
-
-
-@dataclass(frozen=True)
-class AdmissionPolicy:
-    max_live_tokens: int
-    max_queued_requests: int
-    max_tokens_per_request: int
-    record_ttl_seconds: float = 3600.0
-    max_settled_records: int = 10_000
-
-
-@dataclass(frozen=True)
-class AdmissionDecision:
-    request_id: str
-    action: AdmissionAction
-    reserved_tokens: int
-    reasons: tuple[Reason, ...]
-
-
-@dataclass(frozen=True)
-class AdmissionRecord:
-    """A request and its current decision, made at `decided_at_seconds`."""
-
-    request: AdmissionRequest
-    decision: AdmissionDecision
-    decided_at_seconds: float
-
-
-@dataclass(frozen=True)
-class PoolState:
-    """One pool's admission state; `live_tokens` equals the reservations of admitted records."""
-
-    live_tokens: int = 0
-    queue: tuple[str, ...] = ()
-    records: tuple[AdmissionRecord, ...] = ()
-
-    @property
-    def queued_requests(self) -> int:
-        return len(self.queue)
-
-
-_SETTLED = (AdmissionAction.SHED, AdmissionAction.RELEASE)
 _TRANSITIONS = {AdmissionAction.QUEUE: (AdmissionAction.ADMIT, AdmissionAction.SHED,
                                         AdmissionAction.RELEASE),
                 AdmissionAction.ADMIT: (AdmissionAction.RELEASE,)}
@@ -126,29 +80,6 @@ def _validate_request(request: AdmissionRequest, estimated_queue_seconds: float)
             "the queue estimate must be finite and non-negative")
 
 
-def _find(state: PoolState, request_id: str, now: float,
-          policy: AdmissionPolicy) -> AdmissionRecord | None:
-    """The id's record, treating an expired settled record as already gone."""
-    for record in state.records:
-        if record.request.identifier == request_id:
-            expired = (record.decision.action in _SETTLED
-                       and record.decided_at_seconds + policy.record_ttl_seconds <= now)
-            return None if expired else record
-    return None
-
-
-def _expire(state: PoolState, now: float, policy: AdmissionPolicy) -> PoolState:
-    def alive(record: AdmissionRecord) -> bool:
-        return (record.decision.action not in _SETTLED
-                or record.decided_at_seconds + policy.record_ttl_seconds > now)
-
-    kept = [record for record in state.records if alive(record)]
-    settled = sorted((r for r in kept if r.decision.action in _SETTLED),
-                     key=lambda r: (r.decided_at_seconds, r.request.identifier))
-    excess = {id(r) for r in settled[:max(0, len(settled) - policy.max_settled_records)]}
-    return replace(state, records=tuple(r for r in kept if id(r) not in excess))
-
-
 def _shed(request: AdmissionRequest, code: str, message: str, retryable: bool,
           facts: Mapping[str, object]) -> AdmissionDecision:
     reason = Reason(code, message, {**facts, "retryable": retryable, "retry_with_new_id": True})
@@ -161,7 +92,7 @@ def decide_admission(state: PoolState, request: AdmissionRequest, now: float,
     _validate_policy(policy)
     _validate_time(now)
     _validate_request(request, estimated_queue_seconds)
-    record = _find(state, request.identifier, now, policy)
+    record = find_record(state, request.identifier, now, policy)
     if record is not None:
         if record.request == request:
             return record.decision
@@ -210,10 +141,10 @@ def apply_decision(state: PoolState, decision: AdmissionDecision, now: float,
     _validate_time(now)
     if decision.action is AdmissionAction.REJECT:
         return state
-    record = _find(state, decision.request_id, now, policy)
+    record = find_record(state, decision.request_id, now, policy)
     if record is not None and record.decision == decision:
         return state
-    state = _expire(state, now, policy)
+    state = forget_settled(state, now, policy)
     queue, live = state.queue, state.live_tokens
     if record is None:
         require(request is not None and request.identifier == decision.request_id
@@ -233,7 +164,7 @@ def apply_decision(state: PoolState, decision: AdmissionDecision, now: float,
         live += decision.reserved_tokens - record.decision.reserved_tokens
         new = AdmissionRecord(record.request, decision, now)
     others = tuple(r for r in state.records if r.request.identifier != decision.request_id)
-    return _expire(PoolState(live, queue, (*others, new)), now, policy)
+    return forget_settled(PoolState(live, queue, (*others, new)), now, policy)
 
 
 def admit(state: PoolState, request: AdmissionRequest, now: float,
@@ -280,7 +211,7 @@ def release(state: PoolState, request_id: str, now: float,
     """
     _validate_policy(policy)
     _validate_time(now)
-    record = _find(state, request_id, now, policy)
+    record = find_record(state, request_id, now, policy)
     if record is None:
         raise PolicyInputError("unknown_request_id", "request_id",
                                f"no live admission record for request {request_id!r}")

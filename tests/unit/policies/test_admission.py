@@ -250,6 +250,14 @@ def test_settled_records_are_bounded_evicting_the_oldest_first() -> None:
     assert pool.decide(request("s1", 5, 0), now=4, estimated_queue_seconds=0).action is ADMIT
 
 
+def test_settled_records_are_forgotten_in_the_order_they_settled() -> None:
+    pool = AdmissionController(AdmissionPolicy(100, 0, 10, max_settled_records=2))
+    # Logical time may step back between commands; the oldest is the one that settled first.
+    for now, name in ((5, "s1"), (3, "s2"), (4, "s3")):
+        pool.decide(request(name, 50, 0), now=now, estimated_queue_seconds=0)
+    assert [r.request.identifier for r in pool.state.records] == ["s2", "s3"]
+
+
 def test_pool_state_is_plain_json_data() -> None:
     pool = AdmissionController(POLICY)
     pool.decide(request("a", 40, 40), now=0, estimated_queue_seconds=0)
