@@ -21,11 +21,12 @@ from typing import Any
 
 from redis import Redis
 from rq import Worker
-from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.engine import make_url
 
 from controlplane.runtime import open_store
 from events.canonical import GENESIS_HASH
+from events.model import derived_event_id
 from events.store import EventStore
 from events.tables import events_table
 
@@ -139,50 +140,64 @@ def log_position(engine: Engine) -> int:
         return int(conn.execute(text("SELECT position FROM log_head WHERE id = 1")).scalar() or 0)
 
 
-def decision_counts(engine: Engine, accepted_type: str) -> tuple[int, int]:
-    """(decision events, distinct decided commands): equal when each was decided exactly once.
-
-    Events with no command (checkpoints) are not decisions and are not counted.
-    """
-    query = select(func.count(events_table.c.command_id),
-                   func.count(events_table.c.command_id.distinct())).where(
-        events_table.c.event_type != accepted_type)
+def undecided(engine: Engine) -> int:
+    """Accepted commands with no decision yet (the `pending` projection's rows)."""
     with engine.connect() as conn:
-        events, commands = conn.execute(query).one()
-    return int(events), int(commands)
+        return int(conn.execute(text(
+            "SELECT count(*) FROM projections WHERE name = 'pending'")).scalar() or 0)
 
 
-def check_exactly_once(engine: Engine, accepted_type: str, count: int, label: str) -> None:
-    """RuntimeError unless `count` commands were decided by `count` decision events."""
-    events, commands = decision_counts(engine, accepted_type)
-    if events != count or commands != count:
-        raise RuntimeError(f"{label}: {commands} commands decided by {events} events, "
-                           f"expected {count} each")
+def check_exactly_once(engine: Engine, accepted_type: str, label: str) -> int:
+    """RuntimeError unless every accepted command has exactly one decision; returns how many.
+
+    A command's decision is its event in the `decision` or `rejected` slot (ids derived from
+    the command id); its other events (reservations, pool changes) are parts of that decision.
+    """
+    decisions: dict[str, int] = {}
+    with engine.connect() as conn:
+        rows = conn.execute(select(events_table.c.command_id, events_table.c.event_id,
+                                   events_table.c.event_type)
+                            .where(events_table.c.command_id.is_not(None)))
+        accepted = set()
+        primary: list[tuple[str, str]] = []
+        for command_id, event_id, event_type in rows:
+            if event_type == accepted_type:
+                accepted.add(command_id)
+            else:
+                primary.append((command_id, event_id))
+    for command_id, event_id in primary:
+        if event_id in (derived_event_id(command_id, "decision"),
+                        derived_event_id(command_id, "rejected")):
+            decisions[command_id] = decisions.get(command_id, 0) + 1
+    twice = [c for c, n in decisions.items() if n != 1]
+    missing = accepted - set(decisions)
+    if twice or missing:
+        raise RuntimeError(f"{label}: {len(missing)} accepted command(s) undecided, "
+                           f"{len(twice)} decided more than once")
+    return len(accepted)
 
 
-def wait_for_decisions(engine: Engine, accepted_type: str, commands: int, timeout_seconds: float,
+def wait_for_decisions(engine: Engine, timeout_seconds: float,
                        workers: Sequence[subprocess.Popen[bytes]] = ()) -> float:
-    """Poll until `commands` decisions are stored; returns the monotonic time they were seen.
+    """Poll until no accepted command is undecided; returns the monotonic time that was seen.
 
-    The cheap head position is polled first (each command stores at least two events), then the
-    decisions are counted, so events that are not decisions (checkpoints) cannot end the wait
-    early. Raises RuntimeError on timeout or when a worker process died before the end.
+    Call it after `submit` returned (the inbox is written by then). Raises RuntimeError on
+    timeout or when a worker process died before the end.
     """
     deadline = time.monotonic() + timeout_seconds
     while True:
-        if log_position(engine) >= 2 * commands and \
-                decision_counts(engine, accepted_type)[0] >= commands:
+        if undecided(engine) == 0:
             return time.monotonic()
         if any(process.poll() is not None for process in workers):
             raise RuntimeError("a worker process exited before every command was decided")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{commands} decisions were not stored within {timeout_seconds:g}s")
-        time.sleep(0.005)
+            raise RuntimeError(f"commands were still undecided after {timeout_seconds:g}s")
+        time.sleep(0.01)
 
 
-def stored_rows(store: EventStore) -> list[dict[str, Any]]:
-    """Every stored event row exactly as stored (data as its JSON text), in position order."""
-    return list(store.read_all(raw=True))
+def stored_rows(store: EventStore, after_position: int = 0) -> list[dict[str, Any]]:
+    """Event rows after `after_position` exactly as stored (data as JSON text), in order."""
+    return list(store.read_all(from_position=after_position, raw=True))
 
 
 def storage_floor(database_url: str, rows: list[dict[str, Any]], store_label: str,

@@ -1,18 +1,21 @@
 """Decision throughput: the batched path beside the naive one and beside the storage floor.
 
-Run `python bench/decisions_bench.py [--commands N] [--json]` (default N = 10,000). In one run it
-times N `AssessMemory` commands (seeded: real catalog architectures on real GPU types) end to
-end, from the validated commands to every decision appended and projected:
+Run `python bench/decisions_bench.py [--commands N] [--json]` (default N = 20,000). In one run it
+times N mixed admission and placement commands end to end, from the validated commands to every
+decision appended and projected: a fifth are single-GPU `PlaceReplica` commands with their atomic
+GPU reservation on a fleet of 8-GPU nodes sized for all of them, the rest `AdmitRequest` and
+`ReleaseRequest` over four pools of ready replicas (`controlplane.workloads.admission_and_placement`,
+seeded). The fleet (nodes, model, ready replicas) is set up before each run and not timed:
 
 - batched: accept into the inbox, enqueue in jobs of FLEET_BATCH_SIZE ids, decide, append,
   project; on the embedded default (SQLite + in-process fakeredis + in-process worker), on real
   Redis + SQLite and on real Redis + PostgreSQL with 1, 2 and 4 forking worker processes;
 - naive: the same with one RQ job per command (batch size 1), on fewer commands (rates are per
   command, so the ratio stays fair);
-- floor: one bulk insert of the very rows the batched run stored (its CommandAccepted and
-  decision events, copied) into the same table of the same kind of database.
+- floor: one bulk insert of the very rows the timed commands of the batched run stored (their
+  CommandAccepted and decision events, copied) into the same table of the same kind of database.
 
-Every run checks that each command was decided exactly once. Scratch databases, the Redis db and
+Every run checks that each accepted command was decided exactly once. Scratch databases, the Redis db and
 the worker processes are the benchmark's own and are removed at the end.
 """
 
@@ -21,13 +24,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from bench.common import (  # noqa: E402
     environment,
     format_table,
     load_average,
+    log_position,
     postgres_database,
     redis_db,
     reset_log,
@@ -49,17 +51,18 @@ from bench.common import (  # noqa: E402
     tail,
     wait_for_decisions,
 )
-from controlplane.catalog.registry import load_catalog  # noqa: E402
 from controlplane.commands import CommandBase, command_adapter  # noqa: E402
 from controlplane.decisions import ACCEPTED  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.runtime import open_store, store_for_process  # noqa: E402
 from controlplane.settings import Settings  # noqa: E402
+from controlplane.workloads import admission_and_placement  # noqa: E402
 from events.store import EventStore  # noqa: E402
 from workers.pipeline import submit  # noqa: E402
 
 SEED = 20251130
-DEFAULT_COMMANDS = 10_000
+DEFAULT_COMMANDS = 20_000
+Setup = list[list[dict[str, Any]]]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 WORKER_COUNTS = (1, 2, 4)
@@ -71,36 +74,13 @@ SQLITE_REDIS = "sqlite+redis"
 POSTGRES_REDIS = "postgres+redis"
 
 
-def command_payloads(count: int, seed: int) -> list[dict[str, Any]]:
-    """`count` varied AssessMemory payloads: catalog models on catalog GPUs, seeded."""
-    rng = random.Random(seed)
-    catalog = load_catalog()
-    models = [catalog.models[key] for key in sorted(catalog.models)]
-    gpus = [catalog.gpus[key] for key in sorted(catalog.gpus)]
-    start = datetime(2026, 11, 30, 12, tzinfo=UTC)
-    payloads = []
-    for index in range(count):
-        model, gpu = rng.choice(models), rng.choice(gpus)
-        tensor_parallel = rng.choice([1, 2, 4, 8])
-        arch = model.architecture
-        deployment: dict[str, Any] = {
-            "gpu_memory_gib": round(gpu.memory_gib, 3), "tensor_parallel_size": tensor_parallel,
-            "kv_shards": min(tensor_parallel, arch.kv_heads),
-            "max_live_tokens_per_request": rng.choice([2_048, 4_096, 8_192, 32_768, 131_072]),
-            "target_concurrency": rng.choice([1, 4, 8, 16, 64, 256]),
-            "runtime_overhead_gib": rng.choice([1.0, 2.0, 4.0]),
-        }
-        if rng.random() < 0.3:
-            deployment["usable_fraction"] = rng.choice([0.8, 0.85, 0.92])
-        payloads.append({
-            "type": "AssessMemory", "command_id": f"c{index:06d}",
-            "at": (start + timedelta(seconds=index)).isoformat().replace("+00:00", "Z"),
-            "model_name": f"{model.model_id}@{gpu.gpu_id}-tp{tensor_parallel}",
-            "model": {"parameters": model.parameters.total, "weight_bits": rng.choice([16, 8, 4]),
-                      "layers": arch.layers, "kv_heads": arch.kv_heads, "head_dim": arch.head_dim},
-            "deployment": deployment,
-        })
-    return payloads
+def workload(commands: int, seed: int) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """The fleet's setup phases (not timed) and `commands` mixed admission and placement payloads.
+
+    See `controlplane.workloads.admission_and_placement`: a fifth are single-GPU placements on a
+    fleet sized for all of them, the rest admissions and releases over four pools.
+    """
+    return admission_and_placement(seed, commands)
 
 
 def commands_for(payloads: Sequence[dict[str, Any]], run: str) -> list[CommandBase]:
@@ -109,46 +89,70 @@ def commands_for(payloads: Sequence[dict[str, Any]], run: str) -> list[CommandBa
             for p in payloads]
 
 
-def run_embedded(path: str, commands: list[CommandBase], batch_size: int,
+def set_up(settings: Settings, store: EventStore, setup: Setup, run: str,
+           workers: Sequence[Any] = ()) -> int:
+    """Decide the setup phases in order (not timed); returns the log position they end at."""
+    for index, phase in enumerate(setup):
+        submit(settings, store, commands_for(phase, f"{run}-s{index}"))
+        wait_for_decisions(store.engine, MIN_RUN_TIMEOUT_SECONDS, workers)
+    return log_position(store.engine)
+
+
+def run_embedded(path: str, setup: Setup, traffic: list[dict[str, Any]], batch_size: int,
                  scratch: Path) -> tuple[Measurement, list[dict[str, Any]]]:
-    """Submit on the embedded default: the in-process worker decides before `submit` returns."""
+    """Submit on the embedded default: the in-process worker decides before `submit` returns.
+
+    Returns the measurement and the rows the timed commands stored (for the floor).
+    """
     from fakeredis import FakeRedis
 
     from workers.connections import embedded_server
 
     url = f"sqlite:///{scratch}/{path}-embedded.db"
+    run = f"{path[0]}-emb"
     with environment(FLEET_DATABASE_URL=url, FLEET_REDIS_URL=None):
         store = open_store(url)
         store_for_process()  # the job's store, opened once per process as in a real worker
         FakeRedis(server=embedded_server()).flushall()
         settings = Settings(database_url=url, batch_size=batch_size)
+        set_up(settings, store, setup, run)
+        timed_from = log_position(store.engine)
+        commands = commands_for(traffic, run)
         started = time.perf_counter()
         submit(settings, store, commands)
         seconds = time.perf_counter() - started
-    check_exactly_once(store.engine, ACCEPTED, len(commands), f"{path} {EMBEDDED}")
-    rows = stored_rows(store)
+    check_exactly_once(store.engine, ACCEPTED, f"{path} {EMBEDDED}")
+    rows = stored_rows(store, timed_from)
     store.engine.dispose()
     return Measurement(path, EMBEDDED, "in-process", len(commands), seconds), rows
 
 
-def run_queued(path: str, store_label: str, commands: list[CommandBase], batch_size: int,
-               store: EventStore, redis_url: str, pool: WorkerPool) -> Measurement:
-    """Submit to real Redis with the pool's forking worker processes already waiting."""
+def run_queued(path: str, store_label: str, setup: Setup, traffic: list[dict[str, Any]],
+               batch_size: int, store: EventStore, redis_url: str,
+               pool: WorkerPool) -> tuple[Measurement, int]:
+    """Submit to real Redis with the pool's forking worker processes already waiting.
+
+    Returns the measurement and the log position the timed commands started after.
+    """
     reset_log(store)
     workers = len(pool.processes)
     label = f"{path} {store_label} x{workers}"
     settings = Settings(database_url=store.engine.url.render_as_string(hide_password=False),
                         redis_url=redis_url, batch_size=batch_size)
+    run = f"{path[0]}{workers}"
+    timed_from = set_up(settings, store, setup, run, pool.processes)
+    commands = commands_for(traffic, run)
+    timeout = max(MIN_RUN_TIMEOUT_SECONDS, len(commands) / MIN_DECISIONS_PER_SECOND)
     started = time.monotonic()
     submit(settings, store, commands)
-    timeout = max(MIN_RUN_TIMEOUT_SECONDS, len(commands) / MIN_DECISIONS_PER_SECOND)
     try:
-        finished = wait_for_decisions(store.engine, ACCEPTED, len(commands), timeout, pool.processes)
+        finished = wait_for_decisions(store.engine, timeout, pool.processes)
     except RuntimeError as error:
         raise RuntimeError(f"{label}: {error}; the workers' log ends:\n{tail(pool.log_path)}") \
             from None
-    check_exactly_once(store.engine, ACCEPTED, len(commands), label)
-    return Measurement(path, store_label, str(workers), len(commands), finished - started)
+    check_exactly_once(store.engine, ACCEPTED, label)
+    return Measurement(path, store_label, str(workers), len(commands), finished - started), \
+        timed_from
 
 
 class Results:
@@ -222,25 +226,24 @@ def _ratio(value: float | None) -> str:
 
 
 def run_all(args: argparse.Namespace, results: Results, progress: Callable[[str], None]) -> None:
-    payloads = command_payloads(args.commands, SEED)
-    naive_payloads = payloads[:args.naive_commands]
+    setup, traffic = workload(args.commands, SEED)
+    naive_traffic = traffic[:args.naive_commands]
     batch_size = Settings.from_env().batch_size
     with tempfile.TemporaryDirectory(prefix="fleet-bench-") as directory:
         scratch = Path(directory)
         if "embedded" in args.only:
             progress("embedded: batched")
-            run, rows = run_embedded("batched", commands_for(payloads, "b-emb"), batch_size, scratch)
+            run, rows = run_embedded("batched", setup, traffic, batch_size, scratch)
             results.runs.append(run)
             results.floors["sqlite"] = storage_floor(f"sqlite:///{scratch}/floor.db", rows,
                                                      "sqlite", run.commands)
             progress("embedded: naive")
-            results.runs.append(run_embedded("naive", commands_for(naive_payloads, "n-emb"), 1,
-                                             scratch)[0])
+            results.runs.append(run_embedded("naive", setup, naive_traffic, 1, scratch)[0])
         for label, wanted in ((SQLITE_REDIS, "sqlite"), (POSTGRES_REDIS, "postgres")):
             if wanted not in args.only:
                 continue
             try:
-                run_real_store(args, results, label, payloads, naive_payloads, batch_size, scratch,
+                run_real_store(args, results, label, setup, traffic, naive_traffic, batch_size, scratch,
                                progress)
             except BenchSkipped as skipped:
                 results.skipped.append(f"{label}: {skipped}")
@@ -249,7 +252,8 @@ def run_all(args: argparse.Namespace, results: Results, progress: Callable[[str]
 
 
 def run_real_store(args: argparse.Namespace, results: Results, label: str,
-                   payloads: list[dict[str, Any]], naive_payloads: list[dict[str, Any]],
+                   setup: Setup, traffic: list[dict[str, Any]],
+                   naive_traffic: list[dict[str, Any]],
                    batch_size: int, scratch: Path, progress: Callable[[str], None]) -> None:
     """Naive and batched runs on one database, the worker pool growing 1 -> 2 -> 4 between runs."""
     floor_key = "postgres" if label == POSTGRES_REDIS else "sqlite"
@@ -262,15 +266,15 @@ def run_real_store(args: argparse.Namespace, results: Results, label: str,
                 pool.grow_to(workers)
                 if workers in args.naive_workers:
                     progress(f"{label}: naive, {workers} worker(s)")
-                    results.runs.append(run_queued("naive", label, commands_for(
-                        naive_payloads, f"n{workers}"), 1, store, args.redis_url, pool))
+                    results.runs.append(run_queued("naive", label, setup, naive_traffic, 1, store,
+                                                   args.redis_url, pool)[0])
                 if workers in WORKER_COUNTS:
                     progress(f"{label}: batched, {workers} worker(s)")
-                    run = run_queued("batched", label, commands_for(payloads, f"b{workers}"),
-                                     batch_size, store, args.redis_url, pool)
+                    run, timed_from = run_queued("batched", label, setup, traffic, batch_size,
+                                                 store, args.redis_url, pool)
                     results.runs.append(run)
                     if floor_key not in results.floors:
-                        results.floors[floor_key] = storage_floor(url, stored_rows(store),
+                        results.floors[floor_key] = storage_floor(url, stored_rows(store, timed_from),
                                                                   floor_key, run.commands)
         store.engine.dispose()
 
@@ -287,7 +291,7 @@ def _database(label: str, postgres_url: str, scratch: Path) -> Iterator[str]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commands", type=int, default=DEFAULT_COMMANDS,
-                        help="commands per batched run (default 10,000)")
+                        help="commands per batched run (default 20,000)")
     parser.add_argument("--naive-commands", type=int, default=None,
                         help="commands per naive run (default: a fiftieth of --commands, >= 20)")
     parser.add_argument("--naive-workers", type=int, nargs="+", default=[1],

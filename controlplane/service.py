@@ -3,50 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import structlog
 from sqlalchemy import select
 
 from controlplane.commands import CommandBase, parse_command
-from controlplane.decisions import ACCEPTED, INBOX_STREAM, DecisionContext
+from controlplane.deciding import Outcome, Prepared, decide_batch
+from controlplane.decisions import ACCEPTED, INBOX_STREAM
 from controlplane.errors import FieldProblem, SubmissionRejected
-from controlplane.handlers import EFFECTS, HANDLERS, PRECHECKS
+from controlplane.handlers import EFFECTS, PRECHECKS
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import ENTITY, PENDING, apply_event
-from events.model import (
-    ConcurrencyConflict,
-    NewEvent,
-    RecordedEvent,
-    StreamAppend,
-    derived_event_id,
-)
+from events.model import NewEvent, StreamAppend, derived_event_id
 from events.projections import SqlProjections
 from events.store import EventStore, LogTransaction
 from events.tables import events_table
 
 log = structlog.get_logger(__name__)
-MAX_CONFLICT_RETRIES = 5
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What happened to one command: its decision events, and whether this call made them."""
-
-    command_id: str
-    decided_now: bool
-    events: tuple[RecordedEvent, ...]
-
-    def summary(self) -> dict[str, Any]:
-        decision = next((e for e in self.events if "outcome" in e.data), None)
-        return {
-            "command_id": self.command_id,
-            "outcome": decision.data["outcome"] if decision else None,
-            "reasons": [r["code"] for r in decision.data["reasons"]] if decision else [],
-            "event_ids": [e.event_id for e in self.events],
-            "positions": [e.position for e in self.events],
-        }
+__all__ = ["Outcome", "accept", "decide", "pending_command_ids", "precheck", "run_effects"]
 
 
 def accepted_event_id(command_id: str) -> str:
@@ -123,27 +97,48 @@ Enqueue = Callable[[list[str]], object]
 
 def decide(store: EventStore, command_ids: Sequence[str],
            policies: PolicyBook | None = None, enqueue: Enqueue | None = None) -> list[Outcome]:
-    """Decide each command once, in one transaction holding the append lock.
+    """Decide each command once; append every decision of the batch in one transaction.
 
     A command already decided is not decided again: its recorded events are returned, so a job
     delivered twice appends nothing. Unknown ids are skipped with a warning. Follow-up commands
     a decision issued are passed to `enqueue` after commit (else `reconcile` finds them).
+
+    Deciding happens without the append lock, on a snapshot of the log, so workers decide in
+    parallel; the lock is taken only to append (see `_decide_and_append` for why that is exact).
     """
     policies = policies or PolicyBook()
-    for attempt in range(MAX_CONFLICT_RETRIES):
-        try:
-            with store.transaction() as tx:
-                outcomes = _decide_in(tx, list(dict.fromkeys(command_ids)), policies)
-        except ConcurrencyConflict as conflict:
-            log.warning("decision_conflict_retry", attempt=attempt, stream_id=conflict.stream_id)
-            continue
-        run_effects(store, outcomes)
-        issued = [e.command_id for o in outcomes if o.decided_now for e in o.events
-                  if e.event_type == ACCEPTED and e.command_id]
-        if issued and enqueue is not None:
-            enqueue(issued)
-        return outcomes
-    raise RuntimeError(f"gave up after {MAX_CONFLICT_RETRIES} version conflicts")
+    ids = list(dict.fromkeys(command_ids))
+    done, prepared = _prepare(store, ids)
+    decided = decide_batch(store, prepared, policies) if prepared else []
+    by_id = {outcome.command_id: outcome for outcome in [*done, *decided]}
+    outcomes = [by_id[command_id] for command_id in ids if command_id in by_id]
+    run_effects(store, outcomes)
+    issued = [e.command_id for o in outcomes if o.decided_now for e in o.events
+              if e.event_type == ACCEPTED and e.command_id]
+    if issued and enqueue is not None:
+        enqueue(issued)
+    return outcomes
+
+
+def _prepare(store: EventStore, command_ids: list[str]) -> tuple[list[Outcome], list[Prepared]]:
+    """Before any lock: outcomes of commands already decided, and the rest parsed.
+
+    Accepted commands never change, so reading the inbox needs no lock; whether a command is
+    still undecided is checked again when its decision is appended.
+    """
+    done, prepared = [], []
+    for command_id, recorded in store.events_for_commands(command_ids).items():
+        accepted = next((e for e in recorded if e.event_type == ACCEPTED), None)
+        decided = tuple(e for e in recorded if e.event_type != ACCEPTED)
+        if accepted is None:
+            log.warning("unknown_command_skipped", command_id=command_id)
+        elif decided:
+            log.info("command_already_decided", command_id=command_id)
+            done.append(Outcome(command_id, False, decided))
+        else:
+            prepared.append(Prepared(command_id, accepted,
+                                     parse_command(accepted.data["command"])))
+    return done, prepared
 
 
 def run_effects(store: EventStore, outcomes: Sequence[Outcome]) -> None:
@@ -155,34 +150,6 @@ def run_effects(store: EventStore, outcomes: Sequence[Outcome]) -> None:
             effect = EFFECTS.get(event.event_type)
             if effect is not None:
                 effect(store, event)
-
-
-def _decide_in(tx: LogTransaction, command_ids: list[str], policies: PolicyBook) -> list[Outcome]:
-    outcomes = []
-    by_command = tx.events_for_commands(command_ids)
-    for command_id in command_ids:
-        recorded = by_command[command_id]
-        accepted = next((e for e in recorded if e.event_type == ACCEPTED), None)
-        decided = [e for e in recorded if e.event_type != ACCEPTED]
-        if accepted is None:
-            log.warning("unknown_command_skipped", command_id=command_id)
-            continue
-        if decided:
-            log.info("command_already_decided", command_id=command_id)
-            outcomes.append(Outcome(command_id, False, tuple(decided)))
-            continue
-        command = parse_command(accepted.data["command"])
-        context = DecisionContext(tx.projections, tx.head_position, tx.stream_version, policies,
-                                  accepted.event_id)
-        # No event of this command exists (checked above, under the lock): skip the look-up.
-        appended = tx.append(HANDLERS[command.command_type](command, context), check_existing=False)
-        for event in appended:
-            apply_event(tx.projections, event)
-        log.info("command_decided", command_id=command_id,
-                 stream_ids=sorted({e.stream_id for e in appended}),
-                 event_ids=[e.event_id for e in appended])
-        outcomes.append(Outcome(command_id, True, tuple(appended)))
-    return outcomes
 
 
 def pending_command_ids(store: EventStore) -> list[str]:

@@ -6,6 +6,7 @@ together, and phases must be decided in order (a phase may reference what earlie
 
 from __future__ import annotations
 
+import math
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -120,3 +121,42 @@ def mixed_fleet(seed: int, requests: int, nodes: int = 16, gpus_per_node: int = 
     phases.append(canary_ladder("canary-good", pool_id, clock + 10, regress=False)
                   + canary_ladder("canary-bad", pool_id, clock + 20, regress=True))
     return phases
+
+
+def admission_and_placement(seed: int, commands: int, pools: int = 4,
+                            placement_share: float = 0.2) -> tuple[list[list[Payload]], list[Payload]]:
+    """A fleet to decide against, then `commands` mixed admission and placement commands.
+
+    The setup phases register enough 8-GPU nodes for every placement, the model, and two ready
+    replicas per pool. The traffic is exactly `commands` payloads: single-GPU `PlaceReplica`
+    commands (about `placement_share` of them) among admissions and releases spread over
+    `pools` pools, each release naming a request admitted earlier in the list.
+    """
+    rng = random.Random(seed)
+    pool_ids = [f"pool-{p}" for p in range(pools)]
+    seeded = [f"{pool}-r{i}" for pool in pool_ids for i in range(2)]
+    placements = round(commands * placement_share)
+    nodes = math.ceil((placements + len(seeded)) * 1.25 / 8)
+    setup = [inventory(nodes, 8) + [model()],
+             [placement(name, name.rsplit("-r", 1)[0]) for name in seeded],
+             [ready(name) for name in seeded]]
+    traffic: list[Payload] = []
+    live: list[str] = []
+    clock = 10.0
+    while len(traffic) < commands:
+        clock += rng.expovariate(50.0)
+        if rng.random() < placement_share:
+            traffic.append(placement(f"extra-{len(traffic):06d}", rng.choice(pool_ids), seconds=clock))
+        elif live and (len(live) > 64 or rng.random() < 0.45):
+            done = live.pop(rng.randrange(len(live)))
+            traffic.append({"type": "ReleaseRequest", "command_id": f"release-{done}",
+                            "request_id": done, "at": at(clock)})
+        else:
+            request_id = f"req-{len(traffic):06d}"
+            traffic.append({"type": "AdmitRequest", "command_id": f"admit-{request_id}",
+                            "request_id": request_id, "pool_id": rng.choice(pool_ids),
+                            "at": at(clock), "prompt_tokens": rng.randint(50, 4_000),
+                            "max_output_tokens": rng.randint(16, 1_000),
+                            "deadline_at": at(clock + 30)})
+            live.append(request_id)
+    return setup, traffic

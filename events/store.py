@@ -45,6 +45,11 @@ _EVENTS_BY_ID = select(events_table).where(
 _EVENTS_BY_COMMAND = (select(events_table)
                       .where(events_table.c.command_id.in_(bindparam("command_ids", expanding=True)))
                       .order_by(events_table.c.position))
+_EVENTS_BY_COMMAND_EXCEPT = _EVENTS_BY_COMMAND.where(
+    events_table.c.event_type != bindparam("excluded_type"))
+_MAX_VERSIONS = (select(events_table.c.stream_id, func.max(events_table.c.stream_version))
+                 .where(events_table.c.stream_id.in_(bindparam("stream_ids", expanding=True)))
+                 .group_by(events_table.c.stream_id))
 
 
 def header_of(row: dict[str, Any] | RowMapping) -> dict[str, Any]:
@@ -58,12 +63,15 @@ def to_recorded(row: RowMapping | dict[str, Any]) -> RecordedEvent:
     return RecordedEvent(**values)
 
 
-def events_by_command(connection: Connection, command_ids: Sequence[str]) \
-        -> dict[str, list[RecordedEvent]]:
+def events_by_command(connection: Connection, command_ids: Sequence[str],
+                      excluded_type: str | None = None) -> dict[str, list[RecordedEvent]]:
+    """Each command's events in position order, without those of `excluded_type` if given."""
     grouped: dict[str, list[RecordedEvent]] = {command_id: [] for command_id in command_ids}
     ids = list(grouped)
+    query = _EVENTS_BY_COMMAND if excluded_type is None else _EVENTS_BY_COMMAND_EXCEPT
     for start in range(0, len(ids), 500):
-        rows = connection.execute(_EVENTS_BY_COMMAND, {"command_ids": ids[start:start + 500]})
+        rows = connection.execute(query, {"command_ids": ids[start:start + 500],
+                                          "excluded_type": excluded_type})
         for row in rows.mappings():
             grouped[row["command_id"]].append(to_recorded(row))
     return grouped
@@ -78,9 +86,11 @@ class LogTransaction:
     """
 
     def __init__(self, connection: Connection, head_position: int, head_hash: str,
-                 checkpoint_every: int = 0) -> None:
+                 checkpoint_every: int = 0, read_only: bool = False) -> None:
         self.connection = connection
         self.checkpoint_every = checkpoint_every
+        self.read_only = read_only
+        self.start = (head_position, head_hash)
         self.head_position = head_position
         self.head_hash = head_hash
         self.projections = SqlProjections(connection)
@@ -97,15 +107,31 @@ class LogTransaction:
             version = self._versions[stream_id] = found or 0
         return version
 
-    def events_for_commands(self, command_ids: Sequence[str]) -> dict[str, list[RecordedEvent]]:
-        """Every event of each command, grouped by command id, in position order."""
+    def prefetch_versions(self, stream_ids: Sequence[str]) -> None:
+        """Read the versions of streams a batch is about to use in one query, not one each.
+
+        Read under the append lock, so each is exact until this transaction appends.
+        """
+        wanted = [s for s in dict.fromkeys(stream_ids) if s not in self._versions]
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start:start + 500]
+            rows = self.connection.execute(_MAX_VERSIONS, {"stream_ids": chunk})
+            found = {stream_id: version for stream_id, version in rows}
+            for stream_id in chunk:
+                self._versions[stream_id] = found.get(stream_id) or 0
+
+    def events_for_commands(self, command_ids: Sequence[str],
+                            excluded_type: str | None = None) -> dict[str, list[RecordedEvent]]:
+        """Every event of each command (but those of `excluded_type`), grouped, in order."""
         self.flush()
-        return events_by_command(self.connection, command_ids)
+        return events_by_command(self.connection, command_ids, excluded_type)
 
     def flush(self) -> None:
         """Write the buffered rows and the new head; the transaction calls it before commit."""
         if not self._buffer:
             return
+        if self.read_only:
+            raise RuntimeError("a snapshot transaction never writes to the log")
         self.connection.execute(_INSERT_EVENTS, self._buffer)
         self.connection.execute(_UPDATE_HEAD, {"head_position": self.head_position,
                                                "head_hash": self.head_hash})
@@ -143,7 +169,7 @@ class LogTransaction:
             self._versions[batch.stream_id] = version
         if not rows:
             return []
-        if self.checkpoint_every:
+        if self.checkpoint_every and not self.read_only:
             checkpoint = self._checkpoint_row(rows, recorded_at)
             if checkpoint is not None:
                 rows.append(checkpoint)
@@ -153,6 +179,29 @@ class LogTransaction:
         recorded = [to_recorded(row) for row in rows]
         self.appended.extend(recorded)
         return recorded
+
+    def adopt(self, snapshot: LogTransaction) -> list[RecordedEvent]:
+        """Take the rows a snapshot transaction built, when they are exactly what this one would.
+
+        True when the snapshot started at this transaction's head (nothing was appended in
+        between: same positions, versions and hashes) and its rows cross no checkpoint (a
+        snapshot makes none). Returns the adopted events; raises ValueError otherwise.
+        """
+        if snapshot.start != (self.head_position, self.head_hash) or self._buffer \
+                or not snapshot.adoptable():
+            raise ValueError("the snapshot's rows do not continue this transaction's log")
+        self._buffer = list(snapshot._buffer)
+        self._versions.update(snapshot._versions)
+        self.head_position, self.head_hash = snapshot.head_position, snapshot.head_hash
+        self.appended.extend(snapshot.appended)
+        return list(snapshot.appended)
+
+    def adoptable(self) -> bool:
+        """Whether a transaction at this one's start could take its rows as they are."""
+        if not self._buffer or not self.checkpoint_every:
+            return bool(self._buffer)
+        first, last = int(self._buffer[0]["position"]), int(self._buffer[-1]["position"])
+        return last // self.checkpoint_every == (first - 1) // self.checkpoint_every
 
     def _checkpoint_row(self, rows: list[dict[str, Any]], recorded_at: str) -> dict[str, Any] | None:
         """A checkpoint after this batch when it crosses a multiple of `checkpoint_every`.
@@ -259,6 +308,30 @@ class EventStore:
         # Committed: remember the versions, bounded so a long-lived process stays small.
         self._known_head = (tx.head_position, tx.head_hash)
         self._known_versions = tx._versions if len(tx._versions) <= MAX_KNOWN_VERSIONS else {}
+
+    @contextmanager
+    def snapshot(self) -> Iterator[LogTransaction]:
+        """A read-only transaction on a consistent snapshot of the log, without the append lock.
+
+        Deciders may decide in it in parallel; what they append is only buffered (never written,
+        no checkpoints), and the snapshot is rolled back at the end. A caller then takes the
+        append lock and either adopts the rows (`LogTransaction.adopt`, nothing appended since)
+        or checks that everything read is unchanged before appending again.
+        """
+        connection = self.engine.connect()
+        if not is_sqlite(self.engine):
+            connection = connection.execution_options(isolation_level="REPEATABLE READ")
+        with connection as conn, conn.begin() as transaction:
+            head = conn.execute(select(log_head_table.c.position, log_head_table.c.hash).where(
+                log_head_table.c.id == 1)).one()
+            tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every,
+                                read_only=True)
+            if self._known_head == (head.position, head.hash):
+                tx._versions = dict(self._known_versions)
+            try:
+                yield tx
+            finally:
+                transaction.rollback()
 
     def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
         """Atomically append to one or several streams (see `LogTransaction.append`)."""
