@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import structlog
 
@@ -109,7 +110,7 @@ class Contention:
     lock at once, then snapshots are tried again.
     """
 
-    def __init__(self, locked_batches: int = 8) -> None:
+    def __init__(self, locked_batches: int) -> None:
         self.locked_batches = locked_batches
         self.left = 0
 
@@ -123,15 +124,29 @@ class Contention:
         self.left = self.locked_batches
 
 
-CONTENTION = Contention()
+_CONTENTION: WeakKeyDictionary[EventStore, Contention] = WeakKeyDictionary()
+LOCKED_BATCHES_AFTER_MOVED_READS = 8
+
+
+def contention_of(store: EventStore) -> Contention:
+    """The contention seen by this process's deciders on `store`."""
+    found = _CONTENTION.get(store)
+    if found is None:
+        found = _CONTENTION[store] = Contention(LOCKED_BATCHES_AFTER_MOVED_READS)
+    return found
 
 
 def decide_batch(store: EventStore, prepared: list[Prepared],
                        policies: PolicyBook) -> list[Outcome]:
-    """Decide and append the batch; a version conflict starts over, a bounded number of times."""
+    """Decide and append the batch; a version conflict starts over, a bounded number of times.
+
+    A process alone on the log (nobody appended since its last commit) decides under the lock,
+    where its cached state is current; with other deciders about, it decides on a snapshot so
+    they decide in parallel, unless they have lately changed what its batches read.
+    """
     for attempt in range(MAX_CONFLICT_RETRIES):
         try:
-            if CONTENTION.on_snapshot():
+            if contention_of(store).on_snapshot() and store.moved_since_last_commit():
                 return _decide_on_snapshot(store, prepared, policies)
             with store.transaction() as tx:
                 return [item.outcome for item in _decide_in(tx, prepared, policies)]
@@ -161,7 +176,7 @@ def _decide_on_snapshot(store: EventStore, prepared: list[Prepared],
             if _still_valid(tx, snapshot, reads, prepared):
                 return _append_again(tx, planned)
             log.info("decision_reads_moved", commands=len(prepared))
-            CONTENTION.reads_moved()
+            contention_of(store).reads_moved()
             return [item.outcome for item in _decide_in(tx, prepared, policies)]
 
 

@@ -338,6 +338,10 @@ class EventStore:
         with self.transaction() as tx:
             return tx.append(appends)
 
+    def moved_since_last_commit(self) -> bool:
+        """Whether anyone else appended since this store last committed (True before that)."""
+        return self._known_head is None or self.head() != self._known_head
+
     def head(self) -> tuple[int, str]:
         with self.engine.connect() as conn:
             row = conn.execute(select(log_head_table.c.position, log_head_table.c.hash)).one()

@@ -46,8 +46,8 @@ def accepted(store: EventStore, *payloads: dict[str, Any]) -> list[str]:
 
 @pytest.fixture
 def fleet(store: EventStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[InterleavedStore]:
-    """One node of two GPUs and a registered model, decided; no contention seen yet."""
-    monkeypatch.setattr(deciding, "CONTENTION", deciding.Contention(locked_batches=2))
+    """One node of two GPUs and a registered model, decided; two locked batches after moved reads."""
+    monkeypatch.setattr(deciding, "LOCKED_BATCHES_AFTER_MOVED_READS", 2)
     decide(store, accepted(store, *inventory(1, 2), model()))
     yield InterleavedStore(store)
 
@@ -128,7 +128,23 @@ def test_after_reads_moved_the_next_batches_are_decided_under_the_lock_then_snap
     decide(fleet, mine)
     taken = fleet.snapshots
     for name in ("a", "b", "c"):
-        decide(fleet, accepted(store, placement(name, "other")))
+        ids = accepted(fleet, placement(name, "other"))
+        # Another process appends before each batch: only contention keeps this one locked.
+        decide(store, accepted(store, model(f"model-{name}")))
+        decide(fleet, ids)
     # Two batches (the contention setting) under the lock, then a snapshot again.
+    assert fleet.snapshots == taken + 1
+    assert_replay_exact(store)
+
+
+def test_a_process_alone_on_the_log_decides_under_the_lock(
+        store: EventStore, fleet: InterleavedStore) -> None:
+    decide(fleet, accepted(fleet, placement("a", "chat")))
+    taken = fleet.snapshots
+    decide(fleet, accepted(fleet, placement("b", "chat")))
+    assert fleet.snapshots == taken
+    ids = accepted(fleet, placement("c", "chat"))
+    decide(store, accepted(store, model("another")))
+    decide(fleet, ids)
     assert fleet.snapshots == taken + 1
     assert_replay_exact(store)
