@@ -36,8 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (  # noqa: E402
     BenchSkipped,
+    Figure,
     Measurement,
     WorkerPool,
+    add_figures_argument,
     check_exactly_once,
     environment,
     format_table,
@@ -50,6 +52,7 @@ from bench.common import (  # noqa: E402
     stored_rows,
     tail,
     wait_for_decisions,
+    write_figures,
 )
 from controlplane.commands import CommandBase, command_adapter  # noqa: E402
 from controlplane.decisions import ACCEPTED  # noqa: E402
@@ -209,6 +212,35 @@ class Results:
              if len(postgres) > 1 else None),
         ]
 
+    def figures(self) -> list[Figure]:
+        """Each batched run beside its floor and its naive run; PostgreSQL runs beside each other."""
+        figures = []
+        for run in (m for m in self.runs if m.path == "batched"):
+            workers = "in-process worker" if run.workers == "in-process" else \
+                f"{run.workers} worker(s)"
+            label = f"decisions/s, {run.store}, {workers}"
+            floor, naive = self.floor_for(run.store), self.naive_for(run)
+            on_sqlite = run.store != POSTGRES_REDIS
+            if floor is not None:
+                ratio = run.per_second / floor.per_second
+                figures.append(Figure(f"{label}, vs storage floor", run.per_second,
+                                      floor.per_second, "decisions/s",
+                                      f"bulk insert of the same rows ({floor.store})",
+                                      ">= 0.25" if on_sqlite else "",
+                                      ratio >= 0.25 if on_sqlite else None))
+            if naive is not None:
+                figures.append(Figure(f"{label}, vs naive", run.per_second, naive.per_second,
+                                      "decisions/s", "one RQ job per command", ">= 50",
+                                      run.per_second / naive.per_second >= 50))
+        postgres = sorted((m for m in self.runs if m.path == "batched" and m.store == POSTGRES_REDIS),
+                          key=lambda m: int(m.workers))
+        for fewer, more in zip(postgres, postgres[1:], strict=False):
+            figures.append(Figure(f"decisions/s, postgres+redis, {more.workers} vs {fewer.workers} "
+                                  "workers", more.per_second, fewer.per_second, "decisions/s",
+                                  f"{fewer.workers} worker(s), same run", "> 1 (grows)",
+                                  more.per_second > fewer.per_second))
+        return figures
+
     def as_json(self, commands: int, naive_commands: int, batch_size: int) -> dict[str, Any]:
         return {
             "benchmark": "decisions", "seed": SEED, "commands": commands,
@@ -218,6 +250,7 @@ class Results:
             "floors": [m.as_json() for m in self.floors.values()],
             "skipped": self.skipped, "failed": self.failed,
             "goals": [{"goal": goal, "met": met} for goal, met in self.goals()],
+            "figures": [figure.as_json() for figure in self.figures()],
         }
 
 
@@ -302,6 +335,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL,
                         help="server on which a fleet_bench_<random> database is created")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    add_figures_argument(parser)
     args = parser.parse_args(argv)
     if args.commands < 1:
         parser.error("--commands must be positive")
@@ -322,6 +356,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     started, load_before = time.monotonic(), load_average()
     run_all(args, results, progress)
     elapsed, load_after = time.monotonic() - started, load_average()
+    write_figures(args.figures_out, results.figures())
     if args.json:
         report = results.as_json(args.commands, args.naive_commands, Settings.from_env().batch_size)
         report.update(seconds=round(elapsed, 1), load_average=[load_before, load_after])
