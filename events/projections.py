@@ -3,13 +3,17 @@
 Two implementations of one port: `SqlProjections` writes in the appending transaction (so
 authoritative state moves with the decision that changed it), `MemoryProjections` serves replay,
 `status --at` and re-derivation. Fold functions see only the port and cannot tell them apart.
+
+A table view (`table_view`) is a structure derived from every row of one projection, such as
+the placement GPU index: stores that support views build it once and tell it of every put and
+delete, so it always equals a fresh build from the rows the store would return.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -17,11 +21,27 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from events.canonical import canonical_json
+from events.projection_cache import ProjectionCache, cache_for, forget
 from events.tables import projections_table
 
 _DELETED = object()
 _GET_ROW = select(projections_table.c.data).where(
     projections_table.c.name == bindparam("row_name"), projections_table.c.key == bindparam("row_key"))
+_TABLE_ROWS = select(projections_table.c.key, projections_table.c.data).where(
+    projections_table.c.name == bindparam("row_name"))
+_DELETE_ROW = delete(projections_table).where(
+    projections_table.c.name == bindparam("row_name"), projections_table.c.key == bindparam("row_key"))
+
+
+def _upsert_statement(dialect: str) -> Any:
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    statement = insert(projections_table)
+    return statement.on_conflict_do_update(
+        index_elements=["name", "key"], set_={"data": statement.excluded.data})
+
+
+# Built once per dialect: the flush runs them for every decision.
+_UPSERT_ROWS = {dialect: _upsert_statement(dialect) for dialect in ("postgresql", "sqlite")}
 
 
 class StateView(Protocol):
@@ -40,11 +60,44 @@ class StateStore(StateView, Protocol):
     def delete(self, name: str, key: str) -> None: ...
 
 
+class TableView(Protocol):
+    """A structure derived from every row of one projection, told of each change to a row.
+
+    `apply(key, None)` means the row is gone. A view copies what it keeps: the row it is given
+    may be shared with the store.
+    """
+
+    def apply(self, key: str, value: dict[str, Any] | None) -> None: ...
+
+
+V = TypeVar("V", bound=TableView)
+
+
+def table_view(state: StateView, name: str, view_id: Hashable, build: Callable[[], V]) -> V:
+    """The view `view_id` of projection `name`, equal to `build()` fed every row of `state`.
+
+    A store with views keeps one per (name, view_id) and keeps it current; any other state
+    gets a fresh one. `view_id` must name everything `build` depends on besides the rows.
+    """
+    views = getattr(state, "view", None)
+    if views is not None:
+        return views(name, view_id, build)  # type: ignore[no-any-return]
+    return _built(state, name, build)
+
+
+def _built(state: StateView, name: str, build: Callable[[], V]) -> V:
+    view = build()
+    for key, value in state.items(name):
+        view.apply(key, value)
+    return view
+
+
 class MemoryProjections:
     """Projections held in memory; `snapshot()` gives canonical plain data for comparisons."""
 
     def __init__(self) -> None:
         self.tables: dict[str, dict[str, dict[str, Any]]] = {}
+        self._views: dict[str, dict[Hashable, TableView]] = {}
 
     def get(self, name: str, key: str) -> dict[str, Any] | None:
         return self.tables.get(name, {}).get(key)
@@ -54,9 +107,20 @@ class MemoryProjections:
 
     def put(self, name: str, key: str, value: dict[str, Any]) -> None:
         self.tables.setdefault(name, {})[key] = value
+        for view in self._views.get(name, {}).values():
+            view.apply(key, value)
 
     def delete(self, name: str, key: str) -> None:
-        self.tables.get(name, {}).pop(key, None)
+        if self.tables.get(name, {}).pop(key, None) is not None:
+            for view in self._views.get(name, {}).values():
+                view.apply(key, None)
+
+    def view(self, name: str, view_id: Hashable, build: Callable[[], V]) -> V:
+        """See `table_view`: built from the rows on first use, then kept current."""
+        views = self._views.setdefault(name, {})
+        if view_id not in views:
+            views[view_id] = _built(self, name, build)
+        return views[view_id]  # type: ignore[return-value]
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Every non-empty table as `{name: {key: value}}`, keys sorted."""
@@ -68,13 +132,21 @@ class SqlProjections:
     """Projections in the `projections` table, read-your-writes within one transaction.
 
     Writes are buffered and flushed in one statement batch before commit; the buffer belongs to
-    the transaction, so nothing is written if it rolls back.
+    the transaction, so nothing is written if it rolls back. In a write transaction (one that
+    holds the append lock) rows and views come from the process's `ProjectionCache` when it is
+    current with the log head the transaction read, so decoded rows outlive one decision
+    without ever serving state from before another process's append.
     """
 
-    def __init__(self, connection: Connection) -> None:
+    def __init__(self, connection: Connection, head: tuple[int, str] | None = None) -> None:
+        """`head`: the log head (position, hash) the transaction read under the append lock,
+        when the caller has it (else it is read again here)."""
         self.connection = connection
         self._pending: dict[tuple[str, str], Any] = {}
         self._read: dict[tuple[str, str], dict[str, Any] | None] = {}
+        self._cache: ProjectionCache | None = None
+        if connection.get_execution_options().get("fleet_write", False):
+            self._cache = cache_for(connection, head)
 
     def get(self, name: str, key: str) -> dict[str, Any] | None:
         pending = self._pending.get((name, key))
@@ -82,16 +154,27 @@ class SqlProjections:
             return None
         if pending is not None:
             return dict(pending)
-        if (name, key) not in self._read:
-            text = self.connection.execute(_GET_ROW, {"row_name": name, "row_key": key}).scalar()
-            self._read[(name, key)] = json.loads(text) if text is not None else None
-        value = self._read[(name, key)]
+        if self._cache is not None:
+            value = self._cache.row(name, key, self._load)
+        else:
+            if (name, key) not in self._read:
+                self._read[(name, key)] = self._load(name, key)
+            value = self._read[(name, key)]
         return dict(value) if value is not None else None
 
+    def _load(self, name: str, key: str) -> dict[str, Any] | None:
+        text = self.connection.execute(_GET_ROW, {"row_name": name, "row_key": key}).scalar()
+        return json.loads(text) if text is not None else None
+
+    def _stored(self, name: str) -> dict[str, str]:
+        return {row.key: row.data for row in self.connection.execute(_TABLE_ROWS, {"row_name": name})}
+
     def items(self, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        query = select(projections_table.c.key, projections_table.c.data).where(
-            projections_table.c.name == name)
-        stored = {row.key: json.loads(row.data) for row in self.connection.execute(query)}
+        if self._cache is not None:
+            table = self._cache.table(name, self._stored)
+            yield from sorted((key, dict(value)) for key, value in table.items())
+            return
+        stored = {key: json.loads(text) for key, text in self._stored(name).items()}
         for (pending_name, key), value in self._pending.items():
             if pending_name != name:
                 continue
@@ -101,14 +184,32 @@ class SqlProjections:
                 stored[key] = value
         yield from sorted(stored.items())
 
+    def view(self, name: str, view_id: Hashable, build: Callable[[], V]) -> V:
+        """See `table_view`: kept in the process cache in a write transaction, else built now."""
+        if self._cache is None:
+            return _built(self, name, build)
+        return self._cache.view(name, view_id, lambda: _built(self, name, build))  # type: ignore[return-value]
+
     def put(self, name: str, key: str, value: dict[str, Any]) -> None:
         self._pending[(name, key)] = value
+        if self._cache is not None:
+            self._cache.write(name, key, value)
 
     def delete(self, name: str, key: str) -> None:
         self._pending[(name, key)] = _DELETED
+        if self._cache is not None:
+            self._cache.write(name, key, None)
 
-    def flush(self) -> None:
-        """Write the buffered changes; called by the transaction just before it commits."""
+    def flush(self, head: tuple[int, str] | None = None) -> None:
+        """Write the buffered changes; called by the transaction just before it commits.
+
+        `head`: the log head the transaction leaves, when the caller has it (else it is read).
+        """
+        self._write_pending()
+        if self._cache is not None:
+            self._cache.settle(self.connection, head)
+
+    def _write_pending(self) -> None:
         if not self._pending:
             return
         deletes = [{"row_name": name, "row_key": key}
@@ -116,15 +217,9 @@ class SqlProjections:
         upserts = [{"name": name, "key": key, "data": canonical_json(value)}
                    for (name, key), value in self._pending.items() if value is not _DELETED]
         if deletes:
-            self.connection.execute(delete(projections_table).where(
-                projections_table.c.name == bindparam("row_name"),
-                projections_table.c.key == bindparam("row_key")), deletes)
+            self.connection.execute(_DELETE_ROW, deletes)
         if upserts:
-            dialect = self.connection.dialect.name
-            insert = pg_insert if dialect == "postgresql" else sqlite_insert
-            statement = insert(projections_table)
-            statement = statement.on_conflict_do_update(
-                index_elements=["name", "key"], set_={"data": statement.excluded.data})
+            statement = _UPSERT_ROWS.get(self.connection.dialect.name, _UPSERT_ROWS["sqlite"])
             self.connection.execute(statement, upserts)
         self._pending.clear()
         self._read.clear()
@@ -140,4 +235,6 @@ def load_all(connection: Connection) -> dict[str, dict[str, Any]]:
 
 
 def drop_all(connection: Connection) -> None:
+    """Delete every projection row; this process's cached rows and views go with them."""
+    forget(connection.engine)
     connection.execute(delete(projections_table))

@@ -21,7 +21,8 @@ from controlplane.policies.memory import (
     assess_memory,
     kv_shards_under_tensor_parallel,
 )
-from controlplane.policies.placement import GPU, Locality, PlacementRequest, place_replica
+from controlplane.policies.placement import GPU, Locality, PlacementRequest
+from controlplane.policies.placement_grouped import place_grouped
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.policy_book import PolicyInForce
 from controlplane.state.fleet import (
@@ -35,25 +36,15 @@ from controlplane.state.fleet import (
     REPLICA_READY,
     REPLICA_RELEASED,
 )
+from controlplane.state.gpu_index import GPU_ID_SEPARATOR, GpuIndex, gpu_index, node_gpus
 from events.model import StreamAppend
 from events.projections import StateView
-
-GPU_ID_SEPARATOR = ":"
 
 
 def inventory(state: StateView, usable_fraction: float) -> list[GPU]:
     """Every GPU of the fleet as the placement policy sees it, in a stable order."""
-    gpus = []
-    for node_id, node in state.items(NODE):
-        for gpu_id, gpu in sorted(node["gpus"].items()):
-            gpus.append(GPU(
-                identifier=f"{node_id}{GPU_ID_SEPARATOR}{gpu_id}", node=node_id,
-                free_memory_gib=gpu["memory_gib"] * usable_fraction,
-                capabilities=frozenset(gpu["capabilities"]),
-                resident_models=frozenset(gpu["resident_models"]), rack=node["rack"],
-                link_domain=node["link_domain"], cordoned=node["cordoned"],
-                reserved=gpu["reserved_by"] is not None))
-    return gpus
+    return [gpu for node_id, node in state.items(NODE)
+            for gpu in node_gpus(node_id, node, usable_fraction)]
 
 
 def _assess(model: dict[str, Any], command: PlaceReplica, tp: int, gpu_memory_gib: float,
@@ -68,11 +59,13 @@ def _assess(model: dict[str, Any], command: PlaceReplica, tp: int, gpu_memory_gi
         runtime_overhead_gib=command.runtime_overhead_gib, usable_fraction=usable_fraction))
 
 
-def _layout(model: dict[str, Any], command: PlaceReplica, gpus: list[GPU],
+def _layout(model: dict[str, Any], command: PlaceReplica, fleet: GpuIndex,
             policy: PolicyInForce) -> tuple[int, MemoryAssessment, Reason]:
     """The tensor-parallel width: as commanded, else the smallest power of two that fits."""
     fraction = policy.parameters["usable_fraction"]
-    largest = max((g.free_memory_gib / fraction for g in gpus), default=0.0)
+    # Division is monotonic, so this is the largest of every GPU's free memory / fraction.
+    most_free = fleet.largest_free_gib()
+    largest = most_free / fraction if most_free is not None else 0.0
     if command.tensor_parallel_size is not None:
         tp = command.tensor_parallel_size
         return tp, _assess(model, command, tp, largest, fraction), Reason(
@@ -103,18 +96,18 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
         return rejection(command, ctx, PolicyInputError(
             "unknown_model", "model_id", f"model {command.model_id} is not registered"), stream)
     policy = ctx.policies.in_force(ctx.state, "placement")
-    gpus = inventory(ctx.state, policy.parameters["usable_fraction"])
+    fleet = gpu_index(ctx.state, policy.parameters["usable_fraction"])
     try:
-        tp, assessment, layout = _layout(model, command, gpus, policy)
+        tp, assessment, layout = _layout(model, command, fleet, policy)
         request = PlacementRequest(
             replica=command.replica_id, model_revision=command.model_id, gpus_required=tp,
             memory_gib_per_gpu=assessment.required_gib_per_gpu,
             required_capabilities=frozenset(command.required_capabilities),
             locality=Locality(command.locality))
-        decision = place_replica(request, gpus)
+        decision = place_grouped(request, fleet)
     except PolicyInputError as error:
         return rejection(command, ctx, error, stream)
-    inputs = {"command": command.payload(), "model": model, "gpus_considered": len(gpus)}
+    inputs = {"command": command.payload(), "model": model, "gpus_considered": fleet.gpu_count}
     memory = to_plain(assessment)
     del memory["reasons"]
     if not decision.placed:
@@ -127,7 +120,7 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
     for qualified in decision.gpu_ids:
         node_id, gpu_id = qualified.split(GPU_ID_SEPARATOR, 1)
         by_node.setdefault(node_id, []).append(gpu_id)
-    placed_memory = min(g.free_memory_gib for g in gpus if g.identifier in decision.gpu_ids)
+    placed_memory = min(g.free_memory_gib for g in fleet.chosen(decision.gpu_ids))
     on_chosen = _assess(model, command, tp, placed_memory / policy.parameters["usable_fraction"],
                         policy.parameters["usable_fraction"])
     replica = {"replica_id": command.replica_id, "model_id": command.model_id,

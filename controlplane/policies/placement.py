@@ -94,7 +94,8 @@ def first_failed_gate(gpu: GPU, request: PlacementRequest) -> str | None:
     return None
 
 
-def _validate(request: PlacementRequest) -> None:
+def validate_request(request: PlacementRequest) -> None:
+    """PolicyInputError unless the request names a replica and revision and asks for GPUs."""
     require(bool(request.replica.strip()) and bool(request.model_revision.strip()),
             "replica_and_revision_required", "replica", "replica and model revision are required")
     require(isinstance(request.gpus_required, int) and not isinstance(request.gpus_required, bool)
@@ -118,7 +119,7 @@ def _validate_inventory(inventory: Sequence[GPU]) -> None:
                 f"GPU {gpu.identifier!r} free memory must be finite and non-negative")
 
 
-def _best_in_domain(eligible: list[GPU], request: PlacementRequest) -> list[GPU]:
+def best_in_domain(eligible: list[GPU], request: PlacementRequest) -> list[GPU]:
     """Most resident copies, then least free memory, then smallest ids: the domain's best group."""
     count = request.gpus_required
     resident = sorted((g for g in eligible if request.model_revision in g.resident_models),
@@ -129,13 +130,14 @@ def _best_in_domain(eligible: list[GPU], request: PlacementRequest) -> list[GPU]
     return chosen + others[:count - len(chosen)]
 
 
-def _exact_free(group: list[GPU]) -> Fraction:
+def exact_free(group: list[GPU]) -> Fraction:
+    """The group's free memory summed exactly (the tightest-fit term, without rounding)."""
     return sum((Fraction(g.free_memory_gib) for g in group), Fraction(0))
 
 
 def place_replica(request: PlacementRequest, inventory: Sequence[GPU]) -> PlacementDecision:
     """Pick the best feasible group (equal to exhaustive search), or explain every refusal."""
-    _validate(request)
+    validate_request(request)
     count = request.gpus_required
     domains: dict[str, list[GPU]] = {}
     need, capabilities = request.memory_gib_per_gpu, request.required_capabilities
@@ -168,16 +170,23 @@ def place_replica(request: PlacementRequest, inventory: Sequence[GPU]) -> Placem
 
     keys = {name: coarse(name) for name in feasible}
     best_key = min(keys.values())
-    contenders = [(name, _best_in_domain(feasible[name], request))
+    contenders = [(name, best_in_domain(feasible[name], request))
                   for name in sorted(feasible) if keys[name] == best_key]
     rounded = {name: math.fsum(g.free_memory_gib for g in group) for name, group in contenders}
     least = min(rounded.values())
     # A correctly rounded sum orders exact sums except on ties, which are settled exactly.
     tied = [(name, group) for name, group in contenders if rounded[name] == least]
-    exact = {name: _exact_free(group) for name, group in tied}
+    exact = {name: exact_free(group) for name, group in tied}
     least_exact = min(exact.values())
     name, group = min(((n, g) for n, g in tied if exact[n] == least_exact),
                       key=lambda item: sorted(g.identifier for g in item[1]))
+    return selection(request, name, group, best_key[1], len(feasible))
+
+
+def selection(request: PlacementRequest, domain: str, group: list[GPU], domain_spare_gpus: int,
+              feasible_domains: int) -> PlacementDecision:
+    """The decision to place on `group`, the best group of `domain`, with its deciding facts."""
+    count = request.gpus_required
     gpu_ids = tuple(sorted(g.identifier for g in group))
     resident = sum(request.model_revision in g.resident_models for g in group)
     remaining = math.fsum(g.free_memory_gib - request.memory_gib_per_gpu for g in group)
@@ -185,11 +194,11 @@ def place_replica(request: PlacementRequest, inventory: Sequence[GPU]) -> Placem
         "group_selected",
         f"selected {request.locality.value}-local group with {resident}/{count} resident model "
         f"copies and {remaining:.2f} GiB remaining",
-        {"gpu_ids": list(gpu_ids), "locality": request.locality.value, "locality_domain": name,
+        {"gpu_ids": list(gpu_ids), "locality": request.locality.value, "locality_domain": domain,
          "resident_copies": resident, "gpus_required": count, "remaining_gib": remaining,
-         "domain_spare_gpus": best_key[1], "feasible_domains": len(feasible),
+         "domain_spare_gpus": domain_spare_gpus, "feasible_domains": feasible_domains,
          "memory_gib_per_gpu": request.memory_gib_per_gpu})
-    return PlacementDecision(True, gpu_ids, name, (reason,), remaining)
+    return PlacementDecision(True, gpu_ids, domain, (reason,), remaining)
 
 
 def _refusal(request: PlacementRequest, inventory: Sequence[GPU]) -> PlacementDecision:

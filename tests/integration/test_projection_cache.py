@@ -1,0 +1,122 @@
+"""The process's projection cache and GPU index, through the log on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controlplane.handlers.placement import inventory
+from controlplane.policies.placement import Locality, PlacementRequest, place_replica
+from controlplane.policies.reasons import to_plain
+from controlplane.replay import compare_with_live, rebuild_live
+from controlplane.runtime import store_for_process
+from controlplane.state.fleet import NODE, PLACEMENT_REFUSED, REPLICA_PLACED
+from controlplane.state.fold import apply_event
+from events.projections import MemoryProjections, drop_all
+from events.store import EventStore
+from tests.factories import place_replica as place
+from tests.factories import register_model, register_node
+from tests.fleet_helpers import assert_replay_exact, run
+
+pytestmark = pytest.mark.usefixtures("embedded_queue")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def holders(store: EventStore) -> Counter[tuple[str, str]]:
+    """Live reservations per GPU, folded by hand from the log."""
+    held: Counter[tuple[str, str]] = Counter()
+    for event in store.read_all():
+        if event.event_type in ("GpusReserved", "GpusReleased"):
+            step = 1 if event.event_type == "GpusReserved" else -1
+            for gpu_id in event.data["result"]["gpu_ids"]:
+                held[(event.data["result"]["node_id"], gpu_id)] += step
+    return held
+
+
+def test_a_cache_never_serves_state_from_before_another_process_append(store: EventStore) -> None:
+    deciding = store_for_process()  # accepts and decides here: only the other process moves the log
+    run(deciding, register_node("n1", gpus=2), register_node("n2", gpus=2), register_model(),
+        place("r1"))  # this process now holds the fleet's rows and GPU index
+    other = ("from tests.fleet_helpers import run; from tests.factories import place_replica;"
+             "from controlplane.runtime import store_for_process;"
+             "run(store_for_process(), place_replica('r2'))")
+    subprocess.run([sys.executable, "-c", other], cwd=ROOT, check=True, timeout=120)
+    run(deciding, place("r3"))
+    held = holders(store)
+    assert sum(held.values()) == 3 and set(held.values()) == {1}
+    assert_replay_exact(store)
+
+
+def test_a_transaction_that_fails_after_writing_leaves_nothing_behind_in_the_cache(
+        store: EventStore) -> None:
+    # The store the in-process worker decides on: its cache is the one that must stay clean.
+    deciding = store_for_process()
+    run(deciding, register_node("n1", gpus=2), register_model(), place("r1"))
+    with pytest.raises(RuntimeError), deciding.transaction() as tx:
+        node = tx.projections.get(NODE, "n1")
+        assert node is not None
+        taken = {gpu_id: {**gpu, "reserved_by": "ghost"} for gpu_id, gpu in node["gpus"].items()}
+        tx.projections.put(NODE, "n1", {**node, "gpus": taken})
+        raise RuntimeError("the transaction fails after writing")
+    run(deciding, place("r2"))
+    assert sum(holders(store).values()) == 2
+    assert_replay_exact(store)
+
+
+def test_after_the_projections_are_dropped_no_row_from_before_is_read(store: EventStore) -> None:
+    with store.transaction() as tx:
+        tx.projections.put("scratch", "k", {"value": 1})
+    with store.transaction() as tx:
+        assert tx.projections.get("scratch", "k") == {"value": 1}  # cached by now
+        drop_all(tx.connection)
+        assert tx.projections.get("scratch", "k") is None
+        assert list(tx.projections.items("scratch")) == []
+
+
+def test_rebuilding_the_live_projections_keeps_placement_exact(store: EventStore) -> None:
+    run(store, register_node("n1", gpus=4), register_node("n2", gpus=4), register_model(),
+        place("r1", tp=2), place("r2"))
+    rebuild_live(store)
+    run(store, place("r3", tp=2), place("r4"))
+    assert set(holders(store).values()) == {1}
+    assert compare_with_live(store) == []
+
+
+def scanned(state: MemoryProjections, decision: dict[str, Any]) -> list[Any]:
+    """The placement reasons `place_replica` gives when it scans every GPU of `state`."""
+    command, result = decision["inputs"]["command"], decision["result"]
+    request = PlacementRequest(
+        command["replica_id"], command["model_id"], result["tensor_parallel"],
+        result["memory"]["required_gib_per_gpu"], frozenset(command["required_capabilities"]),
+        Locality(command["locality"]))
+    fleet = inventory(state, decision["policy"]["parameters"]["usable_fraction"])
+    return to_plain(list(place_replica(request, fleet).reasons))  # type: ignore[no-any-return]
+
+
+def test_every_recorded_placement_equals_a_scan_of_every_gpu_in_the_state_before_it(
+        store: EventStore) -> None:
+    nodes = [register_node(f"n{i}", gpus=4, memory_gib=80.0 if i % 2 else 40.0, rack=f"rack-{i // 2}",
+                           capabilities=("bf16", "fp8") if i < 3 else ("bf16",)) for i in range(6)]
+    run(store, *nodes, register_model())
+    run(store, *[place(f"a{i}", tp=tp, required_capabilities=caps, locality=locality)
+                 for i, (tp, caps, locality) in enumerate(
+                     [(1, [], "node"), (2, [], "node"), (4, ["fp8"], "node"), (1, ["fp8"], "rack"),
+                      (2, [], "link_domain"), (8, [], "node"), (8, [], "any"), (1, [], "node")])])
+    run(store, {"type": "ReleaseReplica", "replica_id": "a1", "command_id": "release-a1"},
+        {"type": "ReleaseReplica", "replica_id": "a0", "command_id": "release-a0"},
+        {"type": "CordonNode", "node_id": "n5", "command_id": "cordon-n5"})
+    run(store, *[place(f"b{i}", tp=tp) for i, tp in enumerate([1, 2, 2, 4, 4, 4, 1])])
+    state, checked = MemoryProjections(), Counter[str]()
+    for event in store.read_all():
+        if event.event_type in (REPLICA_PLACED, PLACEMENT_REFUSED):
+            placement_reasons = scanned(state, event.data)
+            assert event.data["reasons"][-len(placement_reasons):] == placement_reasons
+            checked[event.event_type] += 1
+        apply_event(state, event)
+    assert checked[REPLICA_PLACED] >= 10 and checked[PLACEMENT_REFUSED] >= 1
+    assert_replay_exact(store)
