@@ -74,13 +74,22 @@ def compare_with_live(store: EventStore) -> list[dict[str, Any]]:
 
 
 def rebuild_live(store: EventStore) -> int:
-    """Drop the live projections and write them again from the log; returns events folded."""
+    """Drop the live projections and write them again from the log; returns events folded.
+
+    The fold runs in memory under the append lock and only its final rows are written, in the
+    same transaction, so nobody sees a half-built state and the write buffer holds the bounded
+    state rather than every row the log ever touched.
+    """
     with store.transaction() as tx:
         drop_all(tx.connection)
+        state = MemoryProjections()
         count = 0
         for event in store.read_all(to_position=tx.head_position):
-            apply_event(tx.projections, event)
+            apply_event(state, event)
             count += 1
+        for name, rows in state.tables.items():
+            for key, value in rows.items():
+                tx.projections.put(name, key, value)
     return count
 
 
@@ -88,7 +97,9 @@ class StreamVersions:
     """Each stream's version as of the last folded event, in bounded memory.
 
     The versions of recently written streams are kept in two generations of at most `limit`
-    each; a stream written longer ago is read back from the log, at the folded position.
+    each; a stream written longer ago is read back from the log, at the folded position. A
+    stream the recorded decision appended to needs neither: its version before the decision is
+    one below the decision's first event on it (`before`).
     """
 
     def __init__(self, store: EventStore, limit: int = 50_000) -> None:
@@ -115,6 +126,13 @@ class StreamVersions:
         if version is None:
             version = self._read_back(stream_id) if self.dropped_any else 0
         return version
+
+    def before(self, decision: list[RecordedEvent]) -> Callable[[str], int]:
+        """Stream versions just before `decision`'s events, which are not folded yet."""
+        appended: dict[str, int] = {}
+        for event in decision:
+            appended.setdefault(event.stream_id, event.stream_version - 1)
+        return lambda stream_id: appended[stream_id] if stream_id in appended else self(stream_id)
 
     def _read_back(self, stream_id: str) -> int:
         if self._connection is None:
@@ -222,7 +240,8 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any],
     first = group[0]
     payload, accepted_id = commands.pop(first.command_id or "")
     command = parse_command(payload)
-    context = DecisionContext(state, first.position - 1, versions, policies, accepted_id)
+    context = DecisionContext(state, first.position - 1, versions.before(group), policies,
+                              accepted_id)
     appends = HANDLERS[payload["type"]](command, context)
     rederived = [{"stream_id": a.stream_id, "event_type": e.event_type, "data": e.data}
                  for a in appends for e in a.events]
