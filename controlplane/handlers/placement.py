@@ -121,8 +121,10 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
         node_id, gpu_id = qualified.split(GPU_ID_SEPARATOR, 1)
         by_node.setdefault(node_id, []).append(gpu_id)
     placed_memory = min(g.free_memory_gib for g in fleet.chosen(decision.gpu_ids))
-    on_chosen = _assess(model, command, tp, placed_memory / policy.parameters["usable_fraction"],
-                        policy.parameters["usable_fraction"])
+    # On GPUs as large as the largest, the assessment is the one the layout made (same inputs).
+    on_chosen = assessment if placed_memory == fleet.largest_free_gib() else _assess(
+        model, command, tp, placed_memory / policy.parameters["usable_fraction"],
+        policy.parameters["usable_fraction"])
     replica = {"replica_id": command.replica_id, "model_id": command.model_id,
                "pool_id": command.pool_id, "tensor_parallel": tp, "gpus": by_node,
                "required_gib_per_gpu": assessment.required_gib_per_gpu,

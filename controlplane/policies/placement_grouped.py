@@ -97,11 +97,13 @@ def place_grouped(request: PlacementRequest, fleet: GroupedInventory) -> Placeme
     contenders = [(frees, prefixes) for key, frees, prefixes in ranked if key == best_key]
     rounded = [math.fsum(frees) for frees, _ in contenders]
     # As in `place_replica`: the rounded sum orders exact sums except on ties, settled exactly.
-    tied = [entry for entry, total in zip(contenders, rounded, strict=True) if total == min(rounded)]
-    exact = [sum((Fraction(free) for free in frees), Fraction(0)) for frees, _ in tied]
-    least_exact = min(exact)
-    prefix = min(min(prefixes) for (_, prefixes), total in zip(tied, exact, strict=True)
-                 if total == least_exact)
+    least = min(rounded)
+    tied = [entry for entry, total in zip(contenders, rounded, strict=True) if total == least]
+    if len(tied) > 1:
+        exact = [sum((Fraction(free) for free in frees), Fraction(0)) for frees, _ in tied]
+        least_exact = min(exact)
+        tied = [entry for entry, total in zip(tied, exact, strict=True) if total == least_exact]
+    prefix = min(min(prefixes) for _, prefixes in tied)
     eligible_gpus = [g for g in fleet.available_on(prefix) if first_failed_gate(g, request) is None]
     group = best_in_domain(eligible_gpus, request)
     return selection(request, f"node:{group[0].node}", group, best_key[1], feasible)

@@ -33,62 +33,87 @@ def node_gpus(node_id: str, node: dict[str, Any], usable_fraction: float) -> tup
         for gpu_id, gpu in sorted(node["gpus"].items()))
 
 
-def _clean(node_id: str, gpus: Sequence[GPU]) -> bool:
-    return (bool(node_id) and GPU_ID_SEPARATOR not in node_id
-            and all(0 <= gpu.free_memory_gib < math.inf for gpu in gpus))
+# A GPU as the index keeps it: id on its node, free GiB, capabilities, resident models, reserved.
+GpuFacts = tuple[str, float, frozenset[str], frozenset[str], bool]
+# A node as the index keeps it: rack, link domain, cordoned, its GPUs in id order.
+NodeFacts = tuple[str, str, bool, tuple[GpuFacts, ...]]
 
 
 class GpuIndex:
-    """Every GPU under one usable fraction, with available GPUs grouped by node signature."""
+    """Every GPU under one usable fraction, with available GPUs grouped by node signature.
+
+    A node's GPUs become `GPU` objects only when a decision needs them (the chosen node, a
+    refusal, another locality), so keeping the index current costs little per reservation.
+    """
 
     def __init__(self, usable_fraction: float) -> None:
         self.usable_fraction = usable_fraction
-        self._gpus: dict[str, tuple[GPU, ...]] = {}
-        self._available: dict[str, tuple[GPU, ...]] = {}
-        self._signatures: dict[str, Signature] = {}
+        self._nodes: dict[str, NodeFacts] = {}
+        self._built: dict[str, tuple[GPU, ...]] = {}
         self._groups: dict[Signature, set[str]] = {}
-        self._by_identifier: dict[str, GPU] = {}
+        self._signatures: dict[str, Signature] = {}
         self._free_values: Counter[float] = Counter()
         self._unclean: set[str] = set()
+        self._sets: dict[tuple[str, ...], frozenset[str]] = {}
         self._inventory: list[GPU] | None = None
-        self._available_list: list[GPU] | None = None
+
+    def _frozen(self, values: list[str]) -> frozenset[str]:
+        key = tuple(values)
+        found = self._sets.get(key)
+        if found is None:
+            found = self._sets[key] = frozenset(key)
+        return found
 
     def apply(self, key: str, value: dict[str, Any] | None) -> None:
         """Node `key`'s row changed (None: removed): replace its GPUs everywhere."""
+        self._inventory = None
         self._remove(key)
         if value is None:
             return
-        gpus = node_gpus(key, value, self.usable_fraction)
-        self._gpus[key] = gpus
-        self._by_identifier.update((gpu.identifier, gpu) for gpu in gpus)
-        self._free_values.update(gpu.free_memory_gib for gpu in gpus)
-        if not _clean(key, gpus):
+        fraction = self.usable_fraction
+        gpus = tuple((gpu_id, gpu["memory_gib"] * fraction, self._frozen(gpu["capabilities"]),
+                      self._frozen(gpu["resident_models"]), gpu["reserved_by"] is not None)
+                     for gpu_id, gpu in sorted(value["gpus"].items()))
+        self._nodes[key] = (value["rack"], value["link_domain"], value["cordoned"], gpus)
+        for _, free, _, _, _ in gpus:
+            self._free_values[free] += 1
+        if not key or GPU_ID_SEPARATOR in key or not all(0 <= g[1] < math.inf for g in gpus):
             self._unclean.add(key)
-        available = tuple(g for g in gpus if not g.cordoned and not g.reserved)
-        if available:
-            prefix = prefix_of(key)
-            signature = frozenset(Counter(
-                (g.capabilities, g.free_memory_gib, g.resident_models) for g in available).items())
-            self._available[prefix] = available
+        if value["cordoned"]:
+            return
+        shapes = Counter((capabilities, free, resident)
+                         for _, free, capabilities, resident, reserved in gpus if not reserved)
+        if shapes:
+            prefix, signature = prefix_of(key), frozenset(shapes.items())
             self._signatures[prefix] = signature
             self._groups.setdefault(signature, set()).add(prefix)
 
     def _remove(self, key: str) -> None:
-        self._inventory = self._available_list = None
-        gpus = self._gpus.pop(key, ())
-        for gpu in gpus:
-            self._by_identifier.pop(gpu.identifier, None)
-        self._free_values.subtract(gpu.free_memory_gib for gpu in gpus)
-        self._free_values += Counter()  # drop the values no GPU has any more
+        node = self._nodes.pop(key, None)
+        if node is None:
+            return
+        self._built.pop(key, None)
+        for _, free, _, _, _ in node[3]:
+            self._free_values[free] -= 1
+            if not self._free_values[free]:
+                del self._free_values[free]
         self._unclean.discard(key)
-        prefix = prefix_of(key)
-        self._available.pop(prefix, None)
-        signature = self._signatures.pop(prefix, None)
+        signature = self._signatures.pop(prefix_of(key), None)
         if signature is not None:
             members = self._groups[signature]
-            members.discard(prefix)
+            members.discard(prefix_of(key))
             if not members:
                 del self._groups[signature]
+
+    def _gpus(self, node_id: str) -> tuple[GPU, ...]:
+        built = self._built.get(node_id)
+        if built is None:
+            rack, link_domain, cordoned, gpus = self._nodes[node_id]
+            built = self._built[node_id] = tuple(
+                GPU(f"{node_id}{GPU_ID_SEPARATOR}{gpu_id}", node_id, free, capabilities, resident,
+                    rack, link_domain, cordoned, reserved)
+                for gpu_id, free, capabilities, resident, reserved in gpus)
+        return built
 
     @property
     def clean(self) -> bool:
@@ -104,28 +129,28 @@ class GpuIndex:
 
     def chosen(self, identifiers: Sequence[str]) -> list[GPU]:
         """The GPUs with these identifiers (on a fleet that is not clean, found by a scan)."""
-        if self.clean:
-            return [self._by_identifier[identifier] for identifier in identifiers]
         wanted = set(identifiers)
+        if self.clean:
+            nodes = {identifier.split(GPU_ID_SEPARATOR, 1)[0] for identifier in identifiers}
+            return [gpu for node in sorted(nodes) for gpu in self._gpus(node)
+                    if gpu.identifier in wanted]
         return [gpu for gpu in self.inventory() if gpu.identifier in wanted]
 
     def inventory(self) -> Sequence[GPU]:
         """Every GPU, by node id then GPU id (the order the node projection lists them)."""
         if self._inventory is None:
-            self._inventory = [gpu for node in sorted(self._gpus) for gpu in self._gpus[node]]
+            self._inventory = [gpu for node in sorted(self._nodes) for gpu in self._gpus(node)]
         return self._inventory
 
     def available(self) -> Sequence[GPU]:
-        if self._available_list is None:
-            self._available_list = [gpu for prefix in sorted(self._available)
-                                    for gpu in self._available[prefix]]
-        return self._available_list
+        return [gpu for gpu in self.inventory() if not gpu.cordoned and not gpu.reserved]
 
     def signatures(self) -> Mapping[Signature, Set[str]]:
         return self._groups
 
     def available_on(self, prefix: str) -> Sequence[GPU]:
-        return self._available[prefix]
+        node_id = prefix[:-len(GPU_ID_SEPARATOR)]
+        return [gpu for gpu in self._gpus(node_id) if not gpu.cordoned and not gpu.reserved]
 
 
 def gpu_index(state: StateView, usable_fraction: float) -> GpuIndex:

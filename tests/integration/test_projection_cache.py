@@ -120,3 +120,13 @@ def test_every_recorded_placement_equals_a_scan_of_every_gpu_in_the_state_before
         apply_event(state, event)
     assert checked[REPLICA_PLACED] >= 10 and checked[PLACEMENT_REFUSED] >= 1
     assert_replay_exact(store)
+
+
+def test_a_replica_kv_capacity_is_that_of_the_gpus_it_got_not_of_the_largest(store: EventStore) -> None:
+    run(store, register_node("small", gpus=1, memory_gib=40.0), register_node("big", gpus=1),
+        register_model(), place("r1"), place("r2"))
+    placed = {e.data["result"]["replica_id"]: e.data["result"] for e in store.read_all()
+              if e.event_type == REPLICA_PLACED}
+    assert (placed["r1"]["gpus"], placed["r2"]["gpus"]) == ({"small": ["g0"]}, {"big": ["g0"]})
+    assert 0 < placed["r1"]["kv_capacity_tokens"] < placed["r2"]["kv_capacity_tokens"]
+    assert_replay_exact(store)

@@ -85,6 +85,8 @@ def test_an_index_kept_current_row_by_row_equals_one_built_from_the_final_rows(
     state = state_of(before)
     kept = gpu_index(state, FRACTION)  # built now, then told of each change
     for node_id, row in changes:
+        outcome(place_grouped, request, kept)  # decisions in between use (and cache) its GPUs
+        kept.inventory()
         state.put(NODE, node_id, row)
     fresh = GpuIndex(FRACTION)
     for node_id, row in state.items(NODE):
