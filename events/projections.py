@@ -132,10 +132,11 @@ class SqlProjections:
     """Projections in the `projections` table, read-your-writes within one transaction.
 
     Writes are buffered and flushed in one statement batch before commit; the buffer belongs to
-    the transaction, so nothing is written if it rolls back. In a write transaction (one that
-    holds the append lock) rows and views come from the process's `ProjectionCache` when it is
-    current with the log head the transaction read, so decoded rows outlive one decision
-    without ever serving state from before another process's append.
+    the transaction, so nothing is written if it rolls back. Rows are decoded once and views
+    built once per transaction (a `ProjectionCache` of its own). In a write transaction (one
+    that holds the append lock) they come from the process's shared cache instead, current with
+    the log head the transaction read, so they outlive one decision without ever serving state
+    from before another process's append.
     """
 
     def __init__(self, connection: Connection, head: tuple[int, str] | None = None) -> None:
@@ -143,23 +144,11 @@ class SqlProjections:
         when the caller has it (else it is read again here)."""
         self.connection = connection
         self._pending: dict[tuple[str, str], Any] = {}
-        self._read: dict[tuple[str, str], dict[str, Any] | None] = {}
-        self._cache: ProjectionCache | None = None
-        if connection.get_execution_options().get("fleet_write", False):
-            self._cache = cache_for(connection, head)
+        self._shared = bool(connection.get_execution_options().get("fleet_write", False))
+        self._cache = cache_for(connection, head) if self._shared else ProjectionCache()
 
     def get(self, name: str, key: str) -> dict[str, Any] | None:
-        pending = self._pending.get((name, key))
-        if pending is _DELETED:
-            return None
-        if pending is not None:
-            return dict(pending)
-        if self._cache is not None:
-            value = self._cache.row(name, key, self._load)
-        else:
-            if (name, key) not in self._read:
-                self._read[(name, key)] = self._load(name, key)
-            value = self._read[(name, key)]
+        value = self._cache.row(name, key, self._load)
         return dict(value) if value is not None else None
 
     def _load(self, name: str, key: str) -> dict[str, Any] | None:
@@ -170,35 +159,20 @@ class SqlProjections:
         return {row.key: row.data for row in self.connection.execute(_TABLE_ROWS, {"row_name": name})}
 
     def items(self, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        if self._cache is not None:
-            table = self._cache.table(name, self._stored)
-            yield from sorted((key, dict(value)) for key, value in table.items())
-            return
-        stored = {key: json.loads(text) for key, text in self._stored(name).items()}
-        for (pending_name, key), value in self._pending.items():
-            if pending_name != name:
-                continue
-            if value is _DELETED:
-                stored.pop(key, None)
-            else:
-                stored[key] = value
-        yield from sorted(stored.items())
+        table = self._cache.table(name, self._stored)
+        yield from sorted((key, dict(value)) for key, value in table.items())
 
     def view(self, name: str, view_id: Hashable, build: Callable[[], V]) -> V:
-        """See `table_view`: kept in the process cache in a write transaction, else built now."""
-        if self._cache is None:
-            return _built(self, name, build)
+        """See `table_view`: built on first use from the rows, then kept current by every write."""
         return self._cache.view(name, view_id, lambda: _built(self, name, build))  # type: ignore[return-value]
 
     def put(self, name: str, key: str, value: dict[str, Any]) -> None:
         self._pending[(name, key)] = value
-        if self._cache is not None:
-            self._cache.write(name, key, value)
+        self._cache.write(name, key, value)
 
     def delete(self, name: str, key: str) -> None:
         self._pending[(name, key)] = _DELETED
-        if self._cache is not None:
-            self._cache.write(name, key, None)
+        self._cache.write(name, key, None)
 
     def flush(self, head: tuple[int, str] | None = None) -> None:
         """Write the buffered changes; called by the transaction just before it commits.
@@ -206,7 +180,7 @@ class SqlProjections:
         `head`: the log head the transaction leaves, when the caller has it (else it is read).
         """
         self._write_pending()
-        if self._cache is not None:
+        if self._shared:
             self._cache.settle(self.connection, head)
 
     def _write_pending(self) -> None:
@@ -222,7 +196,6 @@ class SqlProjections:
             statement = _UPSERT_ROWS.get(self.connection.dialect.name, _UPSERT_ROWS["sqlite"])
             self.connection.execute(statement, upserts)
         self._pending.clear()
-        self._read.clear()
 
 
 def load_all(connection: Connection) -> dict[str, dict[str, Any]]:

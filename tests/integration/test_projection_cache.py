@@ -17,6 +17,7 @@ from controlplane.replay import compare_with_live, rebuild_live
 from controlplane.runtime import store_for_process
 from controlplane.state.fleet import NODE, PLACEMENT_REFUSED, REPLICA_PLACED
 from controlplane.state.fold import apply_event
+from controlplane.state.gpu_index import gpu_index
 from events.projections import MemoryProjections, drop_all
 from events.store import EventStore
 from tests.factories import place_replica as place
@@ -130,3 +131,18 @@ def test_a_replica_kv_capacity_is_that_of_the_gpus_it_got_not_of_the_largest(sto
     assert (placed["r1"]["gpus"], placed["r2"]["gpus"]) == ({"small": ["g0"]}, {"big": ["g0"]})
     assert 0 < placed["r1"]["kv_capacity_tokens"] < placed["r2"]["kv_capacity_tokens"]
     assert_replay_exact(store)
+
+
+def test_a_snapshot_builds_a_view_once_and_keeps_it_current_with_its_own_writes(
+        store: EventStore) -> None:
+    run(store, register_node("n1", gpus=2), register_model())
+    with store.snapshot() as snapshot:
+        index = gpu_index(snapshot.projections, 0.9)
+        assert gpu_index(snapshot.projections, 0.9) is index
+        node = snapshot.projections.get(NODE, "n1")
+        assert node is not None and len(index.signatures()) == 1
+        taken = {gpu_id: {**gpu, "reserved_by": "r1"} for gpu_id, gpu in node["gpus"].items()}
+        snapshot.projections.put(NODE, "n1", {**node, "gpus": taken})
+        assert len(index.signatures()) == 0 and index.gpu_count == 2
+    with store.snapshot() as snapshot:  # nothing of the rolled-back snapshot remains
+        assert len(gpu_index(snapshot.projections, 0.9).signatures()) == 1
