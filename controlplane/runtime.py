@@ -32,9 +32,14 @@ def open_store(database_url: str, migrate: bool = True) -> EventStore:
 
 
 def store_for_process(settings: Settings | None = None) -> EventStore:
-    """The store for this process; a forked child builds its own, never sharing sockets."""
+    """The store for this process; a forked child builds its own, never sharing sockets.
+
+    A child forked from a process that already opened the same database (an RQ work horse of a
+    `fleetctl worker`) skips the schema check: its parent brought the schema up to date.
+    """
     settings = settings or Settings.from_env()
     key = (os.getpid(), settings.database_url)
     if key not in _stores:
-        _stores[key] = open_store(settings.database_url)
+        checked = any(url == settings.database_url for _, url in _stores)
+        _stores[key] = open_store(settings.database_url, migrate=not checked)
     return _stores[key]
