@@ -57,6 +57,18 @@ def header_of(row: dict[str, Any] | RowMapping) -> dict[str, Any]:
     return {name: row[name] for name in HEADER_FIELDS}
 
 
+_COLUMNS = tuple(column.name for column in events_table.columns)
+_DATA = _COLUMNS.index("data")
+# Rows read as tuples become events positionally: the table's columns are the event's fields.
+assert list(_COLUMNS) == list(RecordedEvent.__dataclass_fields__)
+
+
+def from_row(row: Sequence[Any]) -> RecordedEvent:
+    """A stored row, read as a tuple of every column in table order, as an event."""
+    return RecordedEvent(*row[:_DATA], json.loads(row[_DATA]),  # type: ignore[call-arg]
+                         *row[_DATA + 1:])
+
+
 def to_recorded(row: RowMapping | dict[str, Any]) -> RecordedEvent:
     values = dict(row)
     values["data"] = json.loads(values["data"])
@@ -72,8 +84,9 @@ def events_by_command(connection: Connection, command_ids: Sequence[str],
     for start in range(0, len(ids), 500):
         rows = connection.execute(query, {"command_ids": ids[start:start + 500],
                                           "excluded_type": excluded_type})
-        for row in rows.mappings():
-            grouped[row["command_id"]].append(to_recorded(row))
+        for row in rows:
+            event = from_row(row)
+            grouped[event.command_id or ""].append(event)
     return grouped
 
 
@@ -353,7 +366,7 @@ class EventStore:
                                             events_table.c.stream_version > from_version)
                  .order_by(events_table.c.stream_version))
         with self.engine.connect() as conn:
-            return [to_recorded(row) for row in conn.execute(query).mappings()]
+            return [from_row(row) for row in conn.execute(query)]
 
     def read_all(self, from_position: int = 0, to_position: int | None = None,
                  raw: bool = False) -> Iterator[Any]:
@@ -368,12 +381,12 @@ class EventStore:
                 query = query.where(events_table.c.position <= to_position)
             query = query.order_by(events_table.c.position).limit(READ_CHUNK)
             with self.engine.connect() as conn:
-                rows = list(conn.execute(query).mappings())
+                rows = [tuple(row) for row in conn.execute(query)]
             if not rows:
                 return
             for row in rows:
-                yield dict(row) if raw else to_recorded(row)
-            last = rows[-1]["position"]
+                yield dict(zip(_COLUMNS, row, strict=True)) if raw else from_row(row)
+            last = rows[-1][0]
 
     def events_for_command(self, command_id: str) -> list[RecordedEvent]:
         return self.events_for_commands([command_id]).get(command_id, [])
