@@ -4,8 +4,14 @@ A write transaction holds the append lock, so nothing moves under it. The cache 
 only when the log head that transaction reads (position and hash) equals the head at which the
 cache was last settled, and no transaction left it half-written. Any other append (another
 process, another engine on the same database, or a transaction of ours that failed after
-writing) leaves a different head, and the cache starts empty again. The hash chains every
-event, so an equal head means an equal log, hence equal projections.
+writing) leaves a different head. The hash chains every event, so an equal head means an equal
+log, hence equal projections.
+
+On a different head, rows are forgotten, but a projection that has views is revalidated before
+its first use instead: every stored row's text is read again and only the rows whose text
+differs from the text this cache holds (canonical JSON: equal text, equal value) are decoded
+and told to the views. A snapshot (which has no shared cache) may start from a copy of the
+shared views, revalidated the same way against its own connection.
 
 The cache mirrors the projections table: everything written to that table goes through
 `SqlProjections` or `drop_all`, both of which keep the cache in step.
@@ -14,6 +20,7 @@ The cache mirrors the projections table: everything written to that table goes t
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
@@ -27,43 +34,99 @@ if TYPE_CHECKING:
     from events.projections import TableView
 
 # A long-lived process keeps at most this many decoded rows; beyond it, rows are read again.
-MAX_CACHED_ROWS = 200_000
+MAX_CACHED_ROWS = 50_000
 _HEAD = select(log_head_table.c.position, log_head_table.c.hash).where(log_head_table.c.id == 1)
 
 Row = dict[str, Any]
+Stored = Callable[[str], dict[str, str]]
 
 
 class ProjectionCache:
-    """Rows (None: known to be absent) and views of one database, as of `head`."""
+    """Rows (None: known to be absent) and views of one database, as of `head`.
 
-    def __init__(self) -> None:
+    For a projection with views it also keeps each row's stored text (`texts`, absent while a
+    row's write is not yet flushed), which is what revalidation compares.
+    """
+
+    def __init__(self, seed_from: ProjectionCache | None = None) -> None:
+        """`seed_from`: a shared cache whose views this one (a snapshot's) may start from."""
         self.head: tuple[int, str] | None = None
         self.dirty = False
         self.rows: dict[str, dict[str, Row | None]] = {}
         self.complete: set[str] = set()
         self.views: dict[str, dict[Hashable, TableView]] = {}
+        self.texts: dict[str, dict[str, str]] = {}
+        self.stale: set[str] = set()
         self.size = 0
+        # Held while views change or are copied, so a copy never sees half of a write.
+        self.lock = threading.Lock()
+        self._seed_from = seed_from
+        self._touched: set[str] = set()
 
     def clear(self) -> None:
         """Forget everything: the next reads go to the database."""
-        self.rows, self.complete, self.views, self.size = {}, set(), {}, 0
+        with self.lock:
+            self.rows, self.complete, self.views, self.texts, self.stale = {}, set(), {}, {}, set()
+            self.size = 0
+
+    def _keep_only_viewed(self, stale: bool) -> None:
+        """Forget every row but those of projections with views (revalidated first if `stale`)."""
+        self.rows = {name: self.rows[name] for name in self.views}
+        self.complete = set(self.views)
+        self.size = sum(len(rows) for rows in self.rows.values())
+        if stale:
+            self.stale = set(self.views)
 
     def begin(self, connection: Connection, head: tuple[int, str] | None) -> None:
-        """Start a write transaction: keep the cache only if the log is where it was settled."""
+        """Start a write transaction: trust the cache only if the log is where it was settled."""
         position, head_hash = head if head is not None else connection.execute(_HEAD).one()
-        if self.dirty or self.head != (position, head_hash):
-            self.clear()
-        elif self.size > MAX_CACHED_ROWS:
-            # Views stay: they are kept current by every write, whatever rows are cached.
-            self.rows, self.complete, self.size = {}, set(), 0
-        self.head, self.dirty = (position, head_hash), False
+        with self.lock:
+            if self.dirty or self.head != (position, head_hash):
+                self._keep_only_viewed(stale=True)
+            elif self.size > MAX_CACHED_ROWS:
+                self._keep_only_viewed(stale=False)
+            self.head, self.dirty = (position, head_hash), False
 
     def settle(self, connection: Connection, head: tuple[int, str] | None) -> None:
         """The transaction wrote everything: the cache now mirrors the log at its new head."""
         position, head_hash = head if head is not None else connection.execute(_HEAD).one()
         self.head, self.dirty = (position, head_hash), False
 
-    def row(self, name: str, key: str, load: Callable[[str, str], Row | None]) -> Row | None:
+    def flushed(self, name: str, key: str, text: str) -> None:
+        """Row `key` of `name` is now stored as `text`."""
+        texts = self.texts.get(name)
+        if texts is not None:
+            texts[key] = text
+
+    def revalidate(self, name: str, stored: Stored) -> None:
+        """Bring a projection with views up to the stored rows, decoding only changed ones."""
+        if self._seed_from is not None and name not in self._touched:
+            self._touched.add(name)
+            self._seed(self._seed_from, name)
+        if name not in self.stale:
+            return
+        with self.lock:
+            rows, texts = self.rows.setdefault(name, {}), self.texts.setdefault(name, {})
+            views = self.views.get(name, {}).values()
+            current = stored(name)
+            for key, text in current.items():
+                if texts.get(key) != text:
+                    value = rows[key] = json.loads(text)
+                    texts[key] = text
+                    for view in views:
+                        view.apply(key, value)
+            for key in [key for key in rows if key not in current]:
+                if rows[key] is not None:
+                    for view in views:
+                        view.apply(key, None)
+                rows[key] = None
+                texts.pop(key, None)
+            self.complete.add(name)
+            self.stale.discard(name)
+
+    def row(self, name: str, key: str, load: Callable[[str, str], Row | None],
+            stored: Stored) -> Row | None:
+        self.revalidate(name, stored)
         table = self.rows.get(name)
         if table is not None and key in table:
             return table[key]
@@ -74,8 +137,9 @@ class ProjectionCache:
         self.size += 1
         return value
 
-    def table(self, name: str, stored: Callable[[str], dict[str, str]]) -> dict[str, Row]:
+    def table(self, name: str, stored: Stored) -> dict[str, Row]:
         """Every present row of `name`; the stored ones are decoded once per head."""
+        self.revalidate(name, stored)
         table = self.rows.setdefault(name, {})
         if name not in self.complete:
             for key, text in stored(name).items():
@@ -85,21 +149,53 @@ class ProjectionCache:
             self.complete.add(name)
         return {key: value for key, value in table.items() if value is not None}
 
-    def write(self, name: str, key: str, value: Row | None) -> None:
+    def write(self, name: str, key: str, value: Row | None, stored: Stored) -> None:
         """A put (or, with None, a delete) of the current transaction, seen by rows and views."""
+        self.revalidate(name, stored)
         self.dirty = True
-        table = self.rows.setdefault(name, {})
-        if key not in table:
-            self.size += 1
-        table[key] = value
-        for view in self.views.get(name, {}).values():
-            view.apply(key, value)
+        with self.lock:
+            table = self.rows.setdefault(name, {})
+            if key not in table:
+                self.size += 1
+            table[key] = value
+            texts = self.texts.get(name)
+            if texts is not None:
+                texts.pop(key, None)  # unknown until flushed
+            for view in self.views.get(name, {}).values():
+                view.apply(key, value)
 
-    def view(self, name: str, view_id: Hashable, build: Callable[[], TableView]) -> TableView:
+    def view(self, name: str, view_id: Hashable, build: Callable[[], TableView],
+             stored: Stored) -> TableView:
+        """The view, built on first use from every row (with their texts, to revalidate later)."""
+        self.revalidate(name, stored)
         views = self.views.setdefault(name, {})
         if view_id not in views:
-            views[view_id] = build()
+            if name not in self.texts and not self.rows.get(name):
+                # Read the texts with the rows, so a later head can be checked against them.
+                texts = self.texts[name] = stored(name)
+                rows = self.rows[name] = {key: json.loads(text) for key, text in texts.items()}
+                self.size += len(rows)
+                self.complete.add(name)
+            with self.lock:
+                views[view_id] = build()
         return views[view_id]
+
+    def _seed(self, shared: ProjectionCache, name: str) -> None:
+        """Start from copies of `shared`'s views of `name` and their rows, to be revalidated.
+
+        Only from a cache no transaction is writing, and only views that can copy themselves.
+        """
+        with shared.lock:
+            views = shared.views.get(name, {})
+            if shared.dirty or name not in shared.texts or name in shared.stale or not views or \
+                    not all(hasattr(view, "copy") for view in views.values()):
+                return
+            self.views[name] = {view_id: view.copy()  # type: ignore[attr-defined]
+                                for view_id, view in views.items()}
+            self.rows[name] = dict(shared.rows.get(name, {}))
+            self.texts[name] = dict(shared.texts[name])
+        self.complete.add(name)
+        self.stale.add(name)
 
 
 _CACHES: WeakKeyDictionary[Engine, ProjectionCache] = WeakKeyDictionary()
@@ -112,6 +208,11 @@ def cache_for(connection: Connection, head: tuple[int, str] | None = None) -> Pr
         cache = _CACHES[connection.engine] = ProjectionCache()
     cache.begin(connection, head)
     return cache
+
+
+def shared_cache(engine: Engine) -> ProjectionCache | None:
+    """`engine`'s shared cache, if this process has one (to seed a snapshot from)."""
+    return _CACHES.get(engine)
 
 
 def forget(engine: Engine) -> None:

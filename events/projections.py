@@ -21,7 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from events.canonical import canonical_json
-from events.projection_cache import ProjectionCache, cache_for, forget
+from events.projection_cache import ProjectionCache, cache_for, forget, shared_cache
 from events.tables import projections_table
 
 _DELETED = object()
@@ -145,10 +145,11 @@ class SqlProjections:
         self.connection = connection
         self._pending: dict[tuple[str, str], Any] = {}
         self._shared = bool(connection.get_execution_options().get("fleet_write", False))
-        self._cache = cache_for(connection, head) if self._shared else ProjectionCache()
+        self._cache = (cache_for(connection, head) if self._shared
+                       else ProjectionCache(seed_from=shared_cache(connection.engine)))
 
     def get(self, name: str, key: str) -> dict[str, Any] | None:
-        value = self._cache.row(name, key, self._load)
+        value = self._cache.row(name, key, self._load, self._stored)
         return dict(value) if value is not None else None
 
     def _load(self, name: str, key: str) -> dict[str, Any] | None:
@@ -164,15 +165,16 @@ class SqlProjections:
 
     def view(self, name: str, view_id: Hashable, build: Callable[[], V]) -> V:
         """See `table_view`: built on first use from the rows, then kept current by every write."""
-        return self._cache.view(name, view_id, lambda: _built(self, name, build))  # type: ignore[return-value]
+        return self._cache.view(  # type: ignore[return-value]
+            name, view_id, lambda: _built(self, name, build), self._stored)
 
     def put(self, name: str, key: str, value: dict[str, Any]) -> None:
         self._pending[(name, key)] = value
-        self._cache.write(name, key, value)
+        self._cache.write(name, key, value, self._stored)
 
     def delete(self, name: str, key: str) -> None:
         self._pending[(name, key)] = _DELETED
-        self._cache.write(name, key, None)
+        self._cache.write(name, key, None, self._stored)
 
     def flush(self, head: tuple[int, str] | None = None) -> None:
         """Write the buffered changes; called by the transaction just before it commits.
@@ -195,6 +197,8 @@ class SqlProjections:
         if upserts:
             statement = _UPSERT_ROWS.get(self.connection.dialect.name, _UPSERT_ROWS["sqlite"])
             self.connection.execute(statement, upserts)
+            for row in upserts:
+                self._cache.flushed(row["name"], row["key"], row["data"])
         self._pending.clear()
 
 

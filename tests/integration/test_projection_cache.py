@@ -10,16 +10,18 @@ from typing import Any
 
 import pytest
 
+from controlplane.commands import command_adapter
 from controlplane.handlers.placement import inventory
 from controlplane.policies.placement import Locality, PlacementRequest, place_replica
 from controlplane.policies.reasons import to_plain
 from controlplane.replay import compare_with_live, rebuild_live
-from controlplane.runtime import store_for_process
+from controlplane.runtime import open_store, store_for_process
+from controlplane.service import accept, decide
 from controlplane.state.fleet import NODE, PLACEMENT_REFUSED, REPLICA_PLACED
 from controlplane.state.fold import apply_event
-from controlplane.state.gpu_index import gpu_index
-from events.projections import MemoryProjections, drop_all
-from events.store import EventStore
+from controlplane.state.gpu_index import GpuIndex, gpu_index
+from events.projections import MemoryProjections, drop_all, load_all
+from events.store import EventStore, LogTransaction
 from tests.factories import place_replica as place
 from tests.factories import register_model, register_node
 from tests.fleet_helpers import assert_replay_exact, run
@@ -54,10 +56,13 @@ def test_a_cache_never_serves_state_from_before_another_process_append(store: Ev
 
 
 def test_a_transaction_that_fails_after_writing_leaves_nothing_behind_in_the_cache(
-        store: EventStore) -> None:
+        store: EventStore, database_url: str) -> None:
     # The store the in-process worker decides on: its cache is the one that must stay clean.
     deciding = store_for_process()
-    run(deciding, register_node("n1", gpus=2), register_model(), place("r1"))
+    run(deciding, register_node("n1", gpus=3), register_model(), place("r1"))
+    decide_elsewhere(database_url, place("r0"))
+    with deciding.transaction() as tx:  # brings the cached index (and its row texts) up to date
+        gpu_index(tx.projections, 0.9)
     with pytest.raises(RuntimeError), deciding.transaction() as tx:
         node = tx.projections.get(NODE, "n1")
         assert node is not None
@@ -65,7 +70,7 @@ def test_a_transaction_that_fails_after_writing_leaves_nothing_behind_in_the_cac
         tx.projections.put(NODE, "n1", {**node, "gpus": taken})
         raise RuntimeError("the transaction fails after writing")
     run(deciding, place("r2"))
-    assert sum(holders(store).values()) == 2
+    assert sum(holders(store).values()) == 3
     assert_replay_exact(store)
 
 
@@ -146,3 +151,46 @@ def test_a_snapshot_builds_a_view_once_and_keeps_it_current_with_its_own_writes(
         assert len(index.signatures()) == 0 and index.gpu_count == 2
     with store.snapshot() as snapshot:  # nothing of the rolled-back snapshot remains
         assert len(gpu_index(snapshot.projections, 0.9).signatures()) == 1
+
+
+def fresh_index(tx: LogTransaction) -> GpuIndex:
+    """A GPU index built from the node rows as stored, ignoring every cache."""
+    index = GpuIndex(0.9)
+    for node_id, row in load_all(tx.connection).get(NODE, {}).items():
+        index.apply(node_id, row)
+    return index
+
+
+def same_index(kept: GpuIndex, fresh: GpuIndex) -> bool:
+    return (list(kept.inventory()) == list(fresh.inventory())
+            and kept.signatures() == fresh.signatures())
+
+
+def decide_elsewhere(url: str, *payloads: dict[str, Any]) -> None:
+    """Accept and decide on an engine of its own, as another process would."""
+    other = open_store(url)
+    decide(other, accept(other, [command_adapter.validate_python(p) for p in payloads]))
+    other.engine.dispose()
+
+
+def test_views_kept_across_other_appends_equal_views_built_from_the_stored_rows(
+        store: EventStore, database_url: str) -> None:
+    deciding = store_for_process()
+    run(deciding, register_node("n1", gpus=2), register_node("n2", gpus=2), register_model(),
+        place("r1"))
+    decide_elsewhere(database_url, place("r2"), register_node("n3", gpus=1))
+    with deciding.transaction() as tx:  # the head moved: the cached index is brought up to date
+        assert same_index(gpu_index(tx.projections, 0.9), fresh_index(tx))
+    decide_elsewhere(database_url, place("r3"))
+    with deciding.snapshot() as snapshot:  # starts from a copy of the shared index
+        seeded = gpu_index(snapshot.projections, 0.9)
+        assert same_index(seeded, fresh_index(snapshot))
+        node = snapshot.projections.get(NODE, "n2")  # a node r3 did not change
+        assert node is not None
+        snapshot.projections.put(NODE, "n2", {**node, "cordoned": True})
+        assert not same_index(seeded, fresh_index(snapshot))
+    with deciding.transaction() as tx:  # the snapshot's write stayed in the snapshot
+        assert same_index(gpu_index(tx.projections, 0.9), fresh_index(tx))
+    run(deciding, place("r4"))
+    assert set(holders(deciding).values()) == {1} and sum(holders(deciding).values()) == 4
+    assert_replay_exact(deciding)
