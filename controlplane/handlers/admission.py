@@ -37,6 +37,7 @@ from controlplane.handlers.admission_pool import (
     pool_capacity,
     pool_event,
     settled_sequences,
+    warming_placements,
 )
 from controlplane.handlers.base import Handler
 from controlplane.policies.admission import (
@@ -121,7 +122,7 @@ def _answer_again(command: CommandBase, ctx: DecisionContext, row: dict[str, Any
 
 
 def _explained_shed(decision: AdmissionDecision, capacity: PoolCapacity,
-                    policy: PolicyInForce) -> AdmissionDecision:
+                    policy: PolicyInForce, placements: list[str]) -> AdmissionDecision:
     """A shed's facts carry the pool's state and policy version, and name capacity on its way."""
     pool_facts = {**capacity.facts(), "policy_version": policy.version}
     first, *rest = decision.reasons
@@ -131,7 +132,7 @@ def _explained_shed(decision: AdmissionDecision, capacity: PoolCapacity,
             "scale_up_still_warming", "replicas are warming and add no ready capacity yet",
             {"warming_replicas": sorted(capacity.warming),
              "warming_kv_capacity_tokens": sum(capacity.warming.values()),
-             "placement_event_ids": capacity.placement_event_ids}))
+             "placement_event_ids": placements}))
     return AdmissionDecision(decision.request_id, decision.action, 0, tuple(reasons))
 
 
@@ -165,8 +166,8 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
             return rejection(command, ctx, error, f"request/{command.request_id}")
     causes: list[str] = []
     if decision.action is AdmissionAction.SHED:
-        decision = _explained_shed(decision, capacity, policy)
-        causes = capacity.placement_event_ids
+        causes = warming_placements(ctx.state, capacity)
+        decision = _explained_shed(decision, capacity, policy, causes)
     event = _request_event(command, ctx, "decision", decision, request, command.pool_id, now,
                            policy, inputs, causes, settled_sequences(admission))
     queue = list(admission["queue"])

@@ -44,7 +44,6 @@ class PoolCapacity:
     warming: dict[str, int]
     budget_tokens: int
     budget_fraction: float
-    placement_event_ids: list[str]
 
     def facts(self) -> dict[str, Any]:
         return {"pool_id": self.pool_id, "ready_replicas": sorted(self.ready),
@@ -59,11 +58,18 @@ def pool_capacity(state: StateView, pool_id: str, policy: PolicyInForce) -> Pool
     """The pool's budget from its ready replicas' KV capacity, and its warming replicas."""
     pool = state.get(POOL, pool_id) or {"ready": {}, "warming": {}, "live_token_budget": 0}
     fraction = policy.parameters["live_token_budget_fraction"]
-    warming = dict(sorted(pool["warming"].items()))
-    replicas = [state.get(REPLICA, replica_id) for replica_id in warming]
-    return PoolCapacity(pool_id, dict(sorted(pool["ready"].items())), warming,
-                        math.floor(pool["live_token_budget"] * fraction), fraction,
-                        [r["decision_event_id"] for r in replicas if r is not None])
+    return PoolCapacity(pool_id, dict(sorted(pool["ready"].items())),
+                        dict(sorted(pool["warming"].items())),
+                        math.floor(pool["live_token_budget"] * fraction), fraction)
+
+
+def warming_placements(state: StateView, capacity: PoolCapacity) -> list[str]:
+    """The placement decisions of the pool's warming replicas: the capacity on its way.
+
+    Read only when a shed names them, so an admission does not read every warming replica.
+    """
+    replicas = [state.get(REPLICA, replica_id) for replica_id in capacity.warming]
+    return [r["decision_event_id"] for r in replicas if r is not None]
 
 
 def admission_policy(policy: PolicyInForce, budget_tokens: int = 1) -> AdmissionPolicy:
