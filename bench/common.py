@@ -22,12 +22,12 @@ from typing import Any
 
 from redis import Redis
 from rq import Worker
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
+from controlplane.faults.invariants import InvariantReport, decided_exactly_once
 from controlplane.runtime import open_store
 from events.canonical import GENESIS_HASH
-from events.model import derived_event_id
 from events.store import EventStore
 from events.tables import events_table
 
@@ -148,34 +148,18 @@ def undecided(engine: Engine) -> int:
             "SELECT count(*) FROM projections WHERE name = 'pending'")).scalar() or 0)
 
 
-def check_exactly_once(engine: Engine, accepted_type: str, label: str) -> int:
-    """RuntimeError unless every accepted command has exactly one decision; returns how many.
+def check_exactly_once(store: EventStore, label: str) -> int:
+    """RuntimeError unless every accepted command was decided exactly once; returns how many.
 
-    A command's decision is its event in the `decision` or `rejected` slot (ids derived from
-    the command id); its other events (reservations, pool changes) are parts of that decision.
+    The fault suite's invariant: each accepted command has decision events, all recording one
+    read position (a second decision would record another).
     """
-    decisions: dict[str, int] = {}
-    with engine.connect() as conn:
-        rows = conn.execute(select(events_table.c.command_id, events_table.c.event_id,
-                                   events_table.c.event_type)
-                            .where(events_table.c.command_id.is_not(None)))
-        accepted = set()
-        primary: list[tuple[str, str]] = []
-        for command_id, event_id, event_type in rows:
-            if event_type == accepted_type:
-                accepted.add(command_id)
-            else:
-                primary.append((command_id, event_id))
-    for command_id, event_id in primary:
-        if event_id in (derived_event_id(command_id, "decision"),
-                        derived_event_id(command_id, "rejected")):
-            decisions[command_id] = decisions.get(command_id, 0) + 1
-    twice = [c for c, n in decisions.items() if n != 1]
-    missing = accepted - set(decisions)
-    if twice or missing:
-        raise RuntimeError(f"{label}: {len(missing)} accepted command(s) undecided, "
-                           f"{len(twice)} decided more than once")
-    return len(accepted)
+    report = InvariantReport()
+    decided_exactly_once(store.read_all(), report)
+    if report.violations:
+        raise RuntimeError(f"{label}: {len(report.violations)} violation(s), first: "
+                           f"{report.violations[0]}")
+    return report.commands_decided
 
 
 def wait_for_decisions(engine: Engine, timeout_seconds: float,

@@ -2,10 +2,11 @@
 
 Run `python bench/decisions_bench.py [--commands N] [--json]` (default N = 20,000). In one run it
 times N mixed admission and placement commands end to end, from the validated commands to every
-decision appended and projected: a fifth are single-GPU `PlaceReplica` commands with their atomic
-GPU reservation on a fleet of 8-GPU nodes sized for all of them, the rest `AdmitRequest` and
-`ReleaseRequest` over four pools of ready replicas (`controlplane.workloads.admission_and_placement`,
-seeded). The fleet (nodes, model, ready replicas) is set up before each run and not timed:
+decision appended and projected: a fifth are placement commands on a fleet of 125 nodes x 8 GPUs
+(`PlaceReplica` with its atomic GPU reservation, and `ReleaseReplica` of a pool's oldest replica
+once it has eight, freeing its GPUs), the rest `AdmitRequest` and `ReleaseRequest` over four
+pools of ready replicas (`controlplane.workloads.admission_and_placement`, seeded). The fleet
+(nodes, model, ready replicas) is set up before each run and not timed:
 
 - batched: accept into the inbox, enqueue in jobs of FLEET_BATCH_SIZE ids, decide, append,
   project; on the embedded default (SQLite + in-process fakeredis + in-process worker), on real
@@ -55,7 +56,6 @@ from bench.common import (  # noqa: E402
     write_figures,
 )
 from controlplane.commands import CommandBase, command_adapter  # noqa: E402
-from controlplane.decisions import ACCEPTED  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.runtime import open_store, store_for_process  # noqa: E402
 from controlplane.settings import Settings  # noqa: E402
@@ -80,8 +80,8 @@ POSTGRES_REDIS = "postgres+redis"
 def workload(commands: int, seed: int) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
     """The fleet's setup phases (not timed) and `commands` mixed admission and placement payloads.
 
-    See `controlplane.workloads.admission_and_placement`: a fifth are single-GPU placements on a
-    fleet sized for all of them, the rest admissions and releases over four pools.
+    See `controlplane.workloads.admission_and_placement`: a fifth are single-GPU placements and
+    replica releases on 125 nodes x 8 GPUs, the rest admissions and releases over four pools.
     """
     return admission_and_placement(seed, commands)
 
@@ -124,7 +124,7 @@ def run_embedded(path: str, setup: Setup, traffic: list[dict[str, Any]], batch_s
         started = time.perf_counter()
         submit(settings, store, commands)
         seconds = time.perf_counter() - started
-    check_exactly_once(store.engine, ACCEPTED, f"{path} {EMBEDDED}")
+    check_exactly_once(store, f"{path} {EMBEDDED}")
     rows = stored_rows(store, timed_from)
     store.engine.dispose()
     return Measurement(path, EMBEDDED, "in-process", len(commands), seconds), rows
@@ -153,7 +153,7 @@ def run_queued(path: str, store_label: str, setup: Setup, traffic: list[dict[str
     except RuntimeError as error:
         raise RuntimeError(f"{label}: {error}; the workers' log ends:\n{tail(pool.log_path)}") \
             from None
-    check_exactly_once(store.engine, ACCEPTED, label)
+    check_exactly_once(store, label)
     return Measurement(path, store_label, str(workers), len(commands), finished - started), \
         timed_from
 

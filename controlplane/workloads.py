@@ -6,7 +6,6 @@ together, and phases must be decided in order (a phase may reference what earlie
 
 from __future__ import annotations
 
-import math
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -123,30 +122,39 @@ def mixed_fleet(seed: int, requests: int, nodes: int = 16, gpus_per_node: int = 
     return phases
 
 
-def admission_and_placement(seed: int, commands: int, pools: int = 4,
-                            placement_share: float = 0.2) -> tuple[list[list[Payload]], list[Payload]]:
+def admission_and_placement(seed: int, commands: int, pools: int = 4, nodes: int = 125,
+                            placement_share: float = 0.2,
+                            replicas_per_pool: int = 8) -> tuple[list[list[Payload]], list[Payload]]:
     """A fleet to decide against, then `commands` mixed admission and placement commands.
 
-    The setup phases register enough 8-GPU nodes for every placement, the model, and two ready
-    replicas per pool. The traffic is exactly `commands` payloads: single-GPU `PlaceReplica`
-    commands (about `placement_share` of them) among admissions and releases spread over
-    `pools` pools, each release naming a request admitted earlier in the list.
+    The setup phases register `nodes` 8-GPU nodes, the model, and two ready replicas per pool.
+    The traffic is exactly `commands` payloads: about `placement_share` of them place a
+    single-GPU replica in a pool, or, once the pool has `replicas_per_pool` placed ones, release
+    its oldest (freeing its GPUs); the rest admit and release requests over the `pools` pools,
+    each release naming a request admitted earlier in the list.
     """
     rng = random.Random(seed)
     pool_ids = [f"pool-{p}" for p in range(pools)]
     seeded = [f"{pool}-r{i}" for pool in pool_ids for i in range(2)]
-    placements = round(commands * placement_share)
-    nodes = math.ceil((placements + len(seeded)) * 1.25 / 8)
     setup = [inventory(nodes, 8) + [model()],
              [placement(name, name.rsplit("-r", 1)[0]) for name in seeded],
              [ready(name) for name in seeded]]
     traffic: list[Payload] = []
     live: list[str] = []
+    placed: dict[str, list[str]] = {pool: [] for pool in pool_ids}
     clock = 10.0
     while len(traffic) < commands:
         clock += rng.expovariate(50.0)
         if rng.random() < placement_share:
-            traffic.append(placement(f"extra-{len(traffic):06d}", rng.choice(pool_ids), seconds=clock))
+            pool = rng.choice(pool_ids)
+            if len(placed[pool]) >= replicas_per_pool:
+                oldest = placed[pool].pop(0)
+                traffic.append({"type": "ReleaseReplica", "command_id": f"release-{oldest}",
+                                "replica_id": oldest, "at": at(clock)})
+            else:
+                name = f"{pool}-x{len(traffic):06d}"
+                placed[pool].append(name)
+                traffic.append(placement(name, pool, seconds=clock))
         elif live and (len(live) > 64 or rng.random() < 0.45):
             done = live.pop(rng.randrange(len(live)))
             traffic.append({"type": "ReleaseRequest", "command_id": f"release-{done}",

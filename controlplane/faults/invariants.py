@@ -32,7 +32,7 @@ class InvariantReport:
     violations: list[str] = field(default_factory=list)
 
 
-def _decisions(events: Iterable[RecordedEvent], report: InvariantReport) -> None:
+def decided_exactly_once(events: Iterable[RecordedEvent], report: InvariantReport) -> None:
     """Every accepted command is decided exactly once: one read position for all its events."""
     accepted: list[str] = []
     read_positions: dict[str, set[int]] = defaultdict(set)
@@ -97,7 +97,7 @@ def check_fleet_invariants(store: EventStore) -> InvariantReport:
     the replayed state equals the live one and every decision re-derives identically."""
     report = InvariantReport()
     events = list(store.read_all())
-    _decisions(events, report)
+    decided_exactly_once(events, report)
     _reservations(events, report)
     _budgets(events, report)
     chain = verify_chain(store.read_all(raw=True), store.head())
