@@ -63,8 +63,10 @@ class StateStore(StateView, Protocol):
 class TableView(Protocol):
     """A structure derived from every row of one projection, told of each change to a row.
 
-    `apply(key, None)` means the row is gone. A view copies what it keeps: the row it is given
-    may be shared with the store.
+    `apply(key, None)` means the row is gone; the result may not depend on the order rows are
+    applied in. A view copies what it keeps: the row it is given may be shared with the store.
+    A view that also has `copy()` (an independent equal view) lets a snapshot start from the
+    process's cached one instead of building its own.
     """
 
     def apply(self, key: str, value: dict[str, Any] | None) -> None: ...
