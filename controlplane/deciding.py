@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
-from weakref import WeakKeyDictionary
 
 import structlog
 
@@ -102,54 +101,20 @@ def _streams_hinted(command: CommandBase) -> list[str]:
     return [*command.creates(), *(key for _, key in command.references())]
 
 
-class Contention:
-    """Whether this process decides on snapshots, or under the lock while others contend.
-
-    When another decider changed what a batch read, the batch is decided a second time under
-    the lock; so after that happens, the next `locked_batches` batches are decided under the
-    lock at once, then snapshots are tried again.
-    """
-
-    def __init__(self, locked_batches: int) -> None:
-        self.locked_batches = locked_batches
-        self.left = 0
-
-    def on_snapshot(self) -> bool:
-        if self.left:
-            self.left -= 1
-            return False
-        return True
-
-    def reads_moved(self) -> None:
-        self.left = self.locked_batches
-
-
-_CONTENTION: WeakKeyDictionary[EventStore, Contention] = WeakKeyDictionary()
-LOCKED_BATCHES_AFTER_MOVED_READS = 8
-
-
-def contention_of(store: EventStore) -> Contention:
-    """The contention seen by this process's deciders on `store`."""
-    found = _CONTENTION.get(store)
-    if found is None:
-        found = _CONTENTION[store] = Contention(LOCKED_BATCHES_AFTER_MOVED_READS)
-    return found
-
-
 def decide_batch(store: EventStore, prepared: list[Prepared],
-                       policies: PolicyBook) -> list[Outcome]:
+                 policies: PolicyBook) -> list[Outcome]:
     """Decide and append the batch; a version conflict starts over, a bounded number of times.
 
-    A process alone on the log (nobody appended since its last commit) decides under the lock,
-    where its cached state is current; with other deciders about, it decides on a snapshot so
-    they decide in parallel, unless they have lately changed what its batches read.
+    If the append lock is free, the batch is decided under it. If another writer holds it, the
+    batch is decided on a snapshot meanwhile, so deciders work in parallel instead of queueing,
+    and appended when the lock comes free (see `_decide_on_snapshot` for why that is exact).
     """
     for attempt in range(MAX_CONFLICT_RETRIES):
         try:
-            if contention_of(store).on_snapshot() and store.moved_since_last_commit():
-                return _decide_on_snapshot(store, prepared, policies)
-            with store.transaction() as tx:
-                return [item.outcome for item in _decide_in(tx, prepared, policies)]
+            with store.try_transaction() as tx:
+                if tx is not None:
+                    return [item.outcome for item in _decide_in(tx, prepared, policies)]
+            return _decide_on_snapshot(store, prepared, policies)
         except ConcurrencyConflict as conflict:
             log.warning("decision_conflict_retry", attempt=attempt, stream_id=conflict.stream_id)
     raise RuntimeError(f"gave up after {MAX_CONFLICT_RETRIES} version conflicts")
@@ -176,7 +141,6 @@ def _decide_on_snapshot(store: EventStore, prepared: list[Prepared],
             if _still_valid(tx, snapshot, reads, prepared):
                 return _append_again(tx, planned)
             log.info("decision_reads_moved", commands=len(prepared))
-            contention_of(store).reads_moved()
             return [item.outcome for item in _decide_in(tx, prepared, policies)]
 
 

@@ -11,9 +11,10 @@ from typing import Any
 
 from sqlalchemy import Engine, bindparam, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.exc import DBAPIError
 
 from events.canonical import canonical_json, chain_hash
-from events.database import is_sqlite
+from events.database import SQLITE_BUSY_TIMEOUT_MS, is_sqlite
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.model import (
     EVENT_NAMESPACE,
@@ -38,6 +39,11 @@ MAX_KNOWN_VERSIONS = 100_000
 _MAX_VERSION = select(func.max(events_table.c.stream_version)).where(
     events_table.c.stream_id == bindparam("stream_id"))
 _INSERT_EVENTS = events_table.insert()
+_HEAD = select(log_head_table.c.position, log_head_table.c.hash).where(log_head_table.c.id == 1)
+_LOCK_HEAD = _HEAD.with_for_update()
+_TRY_LOCK_HEAD = _HEAD.with_for_update(nowait=True)
+# PostgreSQL's lock_not_available (FOR UPDATE NOWAIT); SQLite says "database is locked".
+_LOCK_NOT_AVAILABLE = "55P03"
 _UPDATE_HEAD = update(log_head_table).where(log_head_table.c.id == 1).values(
     position=bindparam("head_position"), hash=bindparam("head_hash"))
 _EVENTS_BY_ID = select(events_table).where(
@@ -90,6 +96,19 @@ def events_by_command(connection: Connection, command_ids: Sequence[str],
     return grouped
 
 
+def _lock_busy(error: DBAPIError) -> bool:
+    """Whether `error` says another writer holds the append lock (and nothing else)."""
+    if getattr(error.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+        return True
+    return "database is locked" in str(error.orig)
+
+
+def _busy_timeout(connection: Connection, milliseconds: int) -> None:
+    driver = connection.connection.driver_connection
+    assert driver is not None
+    driver.execute(f"PRAGMA busy_timeout={int(milliseconds)}")
+
+
 class LogTransaction:
     """A write transaction that holds the log's append lock from its first statement.
 
@@ -106,7 +125,7 @@ class LogTransaction:
         self.start = (head_position, head_hash)
         self.head_position = head_position
         self.head_hash = head_hash
-        self.projections = SqlProjections(connection)
+        self.projections = SqlProjections(connection, head=(head_position, head_hash))
         self._versions: dict[str, int] = {}
         self._buffer: list[dict[str, Any]] = []
         self._last_checkpoint: int | None = None
@@ -306,18 +325,43 @@ class EventStore:
     @contextmanager
     def transaction(self) -> Iterator[LogTransaction]:
         """A write transaction holding the append lock; commits on success, else rolls back."""
-        with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
-            query = select(log_head_table.c.position, log_head_table.c.hash).where(
-                log_head_table.c.id == 1)
-            if not is_sqlite(self.engine):
-                query = query.with_for_update()
-            head = conn.execute(query).one()
-            tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
-            if self._known_head == (head.position, head.hash):
-                tx._versions = dict(self._known_versions)
+        with self._locked(wait=True) as tx:
+            assert tx is not None
             yield tx
-            tx.flush()
-            tx.projections.flush()
+
+    @contextmanager
+    def try_transaction(self) -> Iterator[LogTransaction | None]:
+        """Like `transaction` if the append lock is free now; None if another writer holds it."""
+        with self._locked(wait=False) as tx:
+            yield tx
+
+    @contextmanager
+    def _locked(self, wait: bool) -> Iterator[LogTransaction | None]:
+        sqlite = is_sqlite(self.engine)
+        with self.engine.connect().execution_options(fleet_write=True) as conn:
+            if sqlite and not wait:  # on the driver: a statement here would begin a transaction
+                _busy_timeout(conn, 0)
+            try:
+                try:
+                    transaction = conn.begin()  # SQLite: BEGIN IMMEDIATE takes the lock here
+                    head = conn.execute(_HEAD if sqlite else
+                                        _LOCK_HEAD if wait else _TRY_LOCK_HEAD).one()
+                except DBAPIError as error:
+                    if wait or not _lock_busy(error):
+                        raise
+                    conn.rollback()
+                    yield None
+                    return
+                with transaction:
+                    tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
+                    if self._known_head == (head.position, head.hash):
+                        tx._versions = dict(self._known_versions)
+                    yield tx
+                    tx.flush()
+                    tx.projections.flush(head=(tx.head_position, tx.head_hash))
+            finally:
+                if sqlite and not wait:
+                    _busy_timeout(conn, SQLITE_BUSY_TIMEOUT_MS)
         # Committed: remember the versions, bounded so a long-lived process stays small.
         self._known_head = (tx.head_position, tx.head_hash)
         self._known_versions = tx._versions if len(tx._versions) <= MAX_KNOWN_VERSIONS else {}
@@ -350,10 +394,6 @@ class EventStore:
         """Atomically append to one or several streams (see `LogTransaction.append`)."""
         with self.transaction() as tx:
             return tx.append(appends)
-
-    def moved_since_last_commit(self) -> bool:
-        """Whether anyone else appended since this store last committed (True before that)."""
-        return self._known_head is None or self.head() != self._known_head
 
     def head(self) -> tuple[int, str]:
         with self.engine.connect() as conn:

@@ -6,13 +6,13 @@ on the same database, as another worker process would), on SQLite and on Postgre
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import pytest
 
-from controlplane import deciding
 from controlplane.commands import command_adapter
 from controlplane.service import accept, decide
 from controlplane.workloads import at, inventory, model, placement, ready
@@ -22,12 +22,20 @@ from tests.fleet_helpers import assert_replay_exact, decision
 
 
 class InterleavedStore(EventStore):
-    """A store that runs `before_lock` once, just before its next append lock is taken."""
+    """A store that finds the append lock busy, and lets another writer append meanwhile.
+
+    `try_transaction` answers None (as when another process holds the lock), so batches are
+    decided on a snapshot; `before_lock` runs once, just before the lock is then taken.
+    """
 
     def __init__(self, store: EventStore) -> None:
         super().__init__(store.engine, store.checkpoint_every)
         self.before_lock: Callable[[], None] | None = None
         self.snapshots = 0
+
+    @contextmanager
+    def try_transaction(self) -> Iterator[LogTransaction | None]:
+        yield None
 
     def snapshot(self) -> AbstractContextManager[LogTransaction]:
         self.snapshots += 1
@@ -45,9 +53,8 @@ def accepted(store: EventStore, *payloads: dict[str, Any]) -> list[str]:
 
 
 @pytest.fixture
-def fleet(store: EventStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[InterleavedStore]:
-    """One node of two GPUs and a registered model, decided; two locked batches after moved reads."""
-    monkeypatch.setattr(deciding, "LOCKED_BATCHES_AFTER_MOVED_READS", 2)
+def fleet(store: EventStore) -> Iterator[InterleavedStore]:
+    """One node of two GPUs and a registered model, decided."""
     decide(store, accepted(store, *inventory(1, 2), model()))
     yield InterleavedStore(store)
 
@@ -120,31 +127,34 @@ def test_a_read_of_state_another_stream_changed_is_caught_not_only_version_confl
     assert_replay_exact(store)
 
 
-def test_after_reads_moved_the_next_batches_are_decided_under_the_lock_then_snapshots_again(
-        store: EventStore, fleet: InterleavedStore) -> None:
-    mine = accepted(store, placement("mine", "chat"))
-    theirs = accepted(store, placement("theirs", "chat"))
-    fleet.before_lock = lambda: decide(store, theirs)
-    decide(fleet, mine)
-    taken = fleet.snapshots
-    for name in ("a", "b", "c"):
-        ids = accepted(fleet, placement(name, "other"))
-        # Another process appends before each batch: only contention keeps this one locked.
-        decide(store, accepted(store, model(f"model-{name}")))
-        decide(fleet, ids)
-    # Two batches (the contention setting) under the lock, then a snapshot again.
-    assert fleet.snapshots == taken + 1
+def test_a_decider_that_finds_the_lock_free_decides_under_it(store: EventStore) -> None:
+    decide(store, accepted(store, *inventory(1, 2), model()))
+    counting = InterleavedStore(store)
+    counting.try_transaction = lambda: EventStore.try_transaction(counting)  # type: ignore[method-assign]
+    decide(counting, accepted(store, placement("a", "chat")))
+    assert counting.snapshots == 0
     assert_replay_exact(store)
 
 
-def test_a_process_alone_on_the_log_decides_under_the_lock(
-        store: EventStore, fleet: InterleavedStore) -> None:
-    decide(fleet, accepted(fleet, placement("a", "chat")))
-    taken = fleet.snapshots
-    decide(fleet, accepted(fleet, placement("b", "chat")))
-    assert fleet.snapshots == taken
-    ids = accepted(fleet, placement("c", "chat"))
-    decide(store, accepted(store, model("another")))
-    decide(fleet, ids)
-    assert fleet.snapshots == taken + 1
+def test_a_decider_that_finds_the_lock_held_decides_on_a_snapshot_then_appends(
+        store: EventStore) -> None:
+    decide(store, accepted(store, *inventory(1, 2), model()))
+    counting = InterleavedStore(store)
+    counting.try_transaction = lambda: EventStore.try_transaction(counting)  # type: ignore[method-assign]
+    ids = accepted(store, placement("a", "chat"))
+    holding, released = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with EventStore(store.engine).transaction():
+            holding.set()
+            released.wait(10)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    holding.wait(10)
+    threading.Timer(0.3, released.set).start()
+    decide(counting, ids)
+    holder.join()
+    assert counting.snapshots == 1
+    assert decision(store, ids[0]).event_type == "ReplicaPlaced"
     assert_replay_exact(store)
