@@ -13,7 +13,7 @@ import structlog
 
 from controlplane.commands import CommandBase
 from controlplane.decisions import ACCEPTED, DecisionContext
-from controlplane.handlers import HANDLERS
+from controlplane.handlers import HANDLERS, READS
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import apply_event
 from events.model import ConcurrencyConflict, RecordedEvent, StreamAppend
@@ -23,6 +23,10 @@ from events.store import EventStore, LogTransaction
 
 log = structlog.get_logger(__name__)
 MAX_CONFLICT_RETRIES = 5
+
+
+def _no_reads(command: CommandBase) -> list[tuple[str, str]]:
+    return []
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
     # Decided since `_prepare` read the inbox (by another worker).
     decided_meanwhile = tx.events_for_commands([p.command_id for p in prepared], ACCEPTED)
     tx.prefetch_versions([key for p in prepared for key in _streams_hinted(p.command)])
+    tx.projections.prefetch(row for p in prepared
+                            for row in READS.get(p.command.command_type, _no_reads)(p.command))
     state: StateView = reads if reads is not None else tx.projections
     versions = reads.stream_version if reads is not None else tx.stream_version
     for item in prepared:

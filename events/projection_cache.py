@@ -137,6 +137,21 @@ class ProjectionCache:
         self.size += 1
         return value
 
+    def preload(self, name: str, keys: list[str],
+                load_many: Callable[[str, list[str]], dict[str, Row]], stored: Stored) -> None:
+        """Read the rows of `keys` not known yet in one go (absent ones become known absent)."""
+        self.revalidate(name, stored)
+        if name in self.complete:
+            return
+        table = self.rows.setdefault(name, {})
+        missing = [key for key in dict.fromkeys(keys) if key not in table]
+        if not missing:
+            return
+        found = load_many(name, missing)
+        for key in missing:
+            table[key] = found.get(key)
+        self.size += len(missing)
+
     def table(self, name: str, stored: Stored) -> dict[str, Row]:
         """Every present row of `name`; the stored ones are decoded once per head."""
         self.revalidate(name, stored)

@@ -12,7 +12,7 @@ delete, so it always equals a fresh build from the rows the store would return.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import bindparam, delete, select
@@ -27,6 +27,9 @@ from events.tables import projections_table
 _DELETED = object()
 _GET_ROW = select(projections_table.c.data).where(
     projections_table.c.name == bindparam("row_name"), projections_table.c.key == bindparam("row_key"))
+_GET_ROWS = select(projections_table.c.key, projections_table.c.data).where(
+    projections_table.c.name == bindparam("row_name"),
+    projections_table.c.key.in_(bindparam("row_keys", expanding=True)))
 _TABLE_ROWS = select(projections_table.c.key, projections_table.c.data).where(
     projections_table.c.name == bindparam("row_name"))
 _DELETE_ROW = delete(projections_table).where(
@@ -157,6 +160,26 @@ class SqlProjections:
     def _load(self, name: str, key: str) -> dict[str, Any] | None:
         text = self.connection.execute(_GET_ROW, {"row_name": name, "row_key": key}).scalar()
         return json.loads(text) if text is not None else None
+
+    def prefetch(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Read the rows `keys` (name, key) names in one query per projection, ahead of `get`.
+
+        Only a speed-up: `get` returns exactly what it would have without it.
+        """
+        by_name: dict[str, list[str]] = {}
+        for name, key in keys:
+            if (name, key) not in self._pending:
+                by_name.setdefault(name, []).append(key)
+        for name, wanted in by_name.items():
+            self._cache.preload(name, wanted, self._load_many, self._stored)
+
+    def _load_many(self, name: str, keys: list[str]) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(keys), 500):
+            rows = self.connection.execute(_GET_ROWS, {"row_name": name,
+                                                       "row_keys": keys[start:start + 500]})
+            found.update((key, json.loads(text)) for key, text in rows)
+        return found
 
     def _stored(self, name: str) -> dict[str, str]:
         return {row.key: row.data for row in self.connection.execute(_TABLE_ROWS, {"row_name": name})}

@@ -39,7 +39,7 @@ from controlplane.handlers.admission_pool import (
     settled_sequences,
     warming_placements,
 )
-from controlplane.handlers.base import Handler
+from controlplane.handlers.base import Handler, Reads
 from controlplane.policies.admission import (
     AdmissionAction,
     AdmissionDecision,
@@ -63,6 +63,7 @@ from controlplane.state.admission import (
     REQUEST_SHED,
     empty_pool_admission,
 )
+from controlplane.state.fleet import POOL
 from events.model import NewEvent, StreamAppend
 
 EVENT_TYPES = {AdmissionAction.ADMIT: REQUEST_ADMITTED, AdmissionAction.QUEUE: REQUEST_QUEUED,
@@ -227,3 +228,17 @@ HANDLERS: dict[str, Handler] = {
     "AdmitRequest": handle_admit_request,
     "ReleaseRequest": handle_release_request,
 }
+
+
+def _admit_reads(command: CommandBase) -> list[tuple[str, str]]:
+    assert isinstance(command, AdmitRequest)
+    return [(ADMISSION_REQUEST, command.request_id), (POOL, command.pool_id),
+            (ADMISSION, command.pool_id)]
+
+
+def _release_reads(command: CommandBase) -> list[tuple[str, str]]:
+    assert isinstance(command, ReleaseRequest)
+    return [(ADMISSION_REQUEST, command.request_id)]
+
+
+READS: dict[str, Reads] = {"AdmitRequest": _admit_reads, "ReleaseRequest": _release_reads}

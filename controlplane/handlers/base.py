@@ -9,6 +9,9 @@
   that committed it. It records what it observed through the store.
 - `OBSERVATIONS: set[str]`: event types that effects append; replay folds them but never
   re-derives them, since no policy produced them.
+- `READS: dict[str, Reads]`: command type -> projection rows (name, key) its handler will read,
+  fetched for a whole batch in a few queries before deciding. Only a speed-up: a row left out
+  is read when asked for, and a row named but not read costs one row of a query.
 """
 
 from __future__ import annotations
@@ -24,3 +27,4 @@ from events.store import EventStore
 Handler = Callable[[CommandBase, DecisionContext], list[StreamAppend]]
 Precheck = Callable[[CommandBase, StateView], list[tuple[str, str]]]
 Effect = Callable[[EventStore, RecordedEvent], None]
+Reads = Callable[[CommandBase], list[tuple[str, str]]]

@@ -13,7 +13,7 @@ from typing import Any
 from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import MarkReplicaReady, PlaceReplica, ReleaseReplica
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
-from controlplane.handlers.base import Handler
+from controlplane.handlers.base import Handler, Reads
 from controlplane.policies.memory import (
     DeploymentMemory,
     MemoryAssessment,
@@ -209,3 +209,13 @@ HANDLERS: dict[str, Handler] = {
     "ReleaseReplica": handle_release_replica,
     "MarkReplicaReady": handle_mark_ready,
 }
+
+
+def _replica_reads(command: CommandBase) -> list[tuple[str, str]]:
+    assert isinstance(command, PlaceReplica | ReleaseReplica | MarkReplicaReady)
+    reads = [(REPLICA, command.replica_id)]
+    return reads + [(MODEL, command.model_id)] if isinstance(command, PlaceReplica) else reads
+
+
+READS: dict[str, Reads] = {"PlaceReplica": _replica_reads, "ReleaseReplica": _replica_reads,
+                           "MarkReplicaReady": _replica_reads}
