@@ -10,8 +10,8 @@ log, hence equal projections.
 On a different head, rows are forgotten, but a projection that has views is revalidated before
 its first use instead: every stored row's text is read again and only the rows whose text
 differs from the text this cache holds (canonical JSON: equal text, equal value) are decoded
-and told to the views. A snapshot (which has no shared cache) may start from a copy of the
-shared views, revalidated the same way against its own connection.
+and told to the views. A read-only transaction (which has no shared cache) may start from a
+copy of the shared views, revalidated the same way against its own connection.
 
 The cache mirrors the projections table: everything written to that table goes through
 `SqlProjections` or `drop_all`, both of which keep the cache in step.
@@ -49,7 +49,8 @@ class ProjectionCache:
     """
 
     def __init__(self, seed_from: ProjectionCache | None = None) -> None:
-        """`seed_from`: a shared cache whose views this one (a snapshot's) may start from."""
+        """`seed_from`: a shared cache whose views this one (a read-only transaction's) may
+        start from."""
         self.head: tuple[int, str] | None = None
         self.dirty = False
         self.rows: dict[str, dict[str, Row | None]] = {}
@@ -226,7 +227,7 @@ def cache_for(connection: Connection, head: tuple[int, str] | None = None) -> Pr
 
 
 def shared_cache(engine: Engine) -> ProjectionCache | None:
-    """`engine`'s shared cache, if this process has one (to seed a snapshot from)."""
+    """`engine`'s shared cache, if this process has one (to seed a read-only one from)."""
     return _CACHES.get(engine)
 
 

@@ -68,8 +68,8 @@ class TableView(Protocol):
 
     `apply(key, None)` means the row is gone; the result may not depend on the order rows are
     applied in. A view copies what it keeps: the row it is given may be shared with the store.
-    A view that also has `copy()` (an independent equal view) lets a snapshot start from the
-    process's cached one instead of building its own.
+    A view that also has `copy()` (an independent equal view) lets a read-only transaction
+    start from the process's cached one instead of building its own.
     """
 
     def apply(self, key: str, value: dict[str, Any] | None) -> None: ...

@@ -11,10 +11,9 @@ from typing import Any
 
 from sqlalchemy import Engine, bindparam, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
-from sqlalchemy.exc import DBAPIError
 
 from events.canonical import canonical_json, chain_hash
-from events.database import SQLITE_BUSY_TIMEOUT_MS, is_sqlite
+from events.database import is_sqlite
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.model import (
     EVENT_NAMESPACE,
@@ -41,9 +40,6 @@ _MAX_VERSION = select(func.max(events_table.c.stream_version)).where(
 _INSERT_EVENTS = events_table.insert()
 _HEAD = select(log_head_table.c.position, log_head_table.c.hash).where(log_head_table.c.id == 1)
 _LOCK_HEAD = _HEAD.with_for_update()
-_TRY_LOCK_HEAD = _HEAD.with_for_update(nowait=True)
-# PostgreSQL's lock_not_available (FOR UPDATE NOWAIT); SQLite says "database is locked".
-_LOCK_NOT_AVAILABLE = "55P03"
 _UPDATE_HEAD = update(log_head_table).where(log_head_table.c.id == 1).values(
     position=bindparam("head_position"), hash=bindparam("head_hash"))
 _EVENTS_BY_ID = select(events_table).where(
@@ -96,19 +92,6 @@ def events_by_command(connection: Connection, command_ids: Sequence[str],
     return grouped
 
 
-def _lock_busy(error: DBAPIError) -> bool:
-    """Whether `error` says another writer holds the append lock (and nothing else)."""
-    if getattr(error.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
-        return True
-    return "database is locked" in str(error.orig)
-
-
-def _busy_timeout(connection: Connection, milliseconds: int) -> None:
-    driver = connection.connection.driver_connection
-    assert driver is not None
-    driver.execute(f"PRAGMA busy_timeout={int(milliseconds)}")
-
-
 class LogTransaction:
     """A write transaction that holds the log's append lock from its first statement.
 
@@ -118,11 +101,9 @@ class LogTransaction:
     """
 
     def __init__(self, connection: Connection, head_position: int, head_hash: str,
-                 checkpoint_every: int = 0, read_only: bool = False) -> None:
+                 checkpoint_every: int = 0) -> None:
         self.connection = connection
         self.checkpoint_every = checkpoint_every
-        self.read_only = read_only
-        self.start = (head_position, head_hash)
         self.head_position = head_position
         self.head_hash = head_hash
         self.projections = SqlProjections(connection, head=(head_position, head_hash))
@@ -162,8 +143,6 @@ class LogTransaction:
         """Write the buffered rows and the new head; the transaction calls it before commit."""
         if not self._buffer:
             return
-        if self.read_only:
-            raise RuntimeError("a snapshot transaction never writes to the log")
         self.connection.execute(_INSERT_EVENTS, self._buffer)
         self.connection.execute(_UPDATE_HEAD, {"head_position": self.head_position,
                                                "head_hash": self.head_hash})
@@ -201,7 +180,7 @@ class LogTransaction:
             self._versions[batch.stream_id] = version
         if not rows:
             return []
-        if self.checkpoint_every and not self.read_only:
+        if self.checkpoint_every:
             checkpoint = self._checkpoint_row(rows, recorded_at)
             if checkpoint is not None:
                 rows.append(checkpoint)
@@ -211,29 +190,6 @@ class LogTransaction:
         recorded = [to_recorded(row) for row in rows]
         self.appended.extend(recorded)
         return recorded
-
-    def adopt(self, snapshot: LogTransaction) -> list[RecordedEvent]:
-        """Take the rows a snapshot transaction built, when they are exactly what this one would.
-
-        True when the snapshot started at this transaction's head (nothing was appended in
-        between: same positions, versions and hashes) and its rows cross no checkpoint (a
-        snapshot makes none). Returns the adopted events; raises ValueError otherwise.
-        """
-        if snapshot.start != (self.head_position, self.head_hash) or self._buffer \
-                or not snapshot.adoptable():
-            raise ValueError("the snapshot's rows do not continue this transaction's log")
-        self._buffer = list(snapshot._buffer)
-        self._versions.update(snapshot._versions)
-        self.head_position, self.head_hash = snapshot.head_position, snapshot.head_hash
-        self.appended.extend(snapshot.appended)
-        return list(snapshot.appended)
-
-    def adoptable(self) -> bool:
-        """Whether a transaction at this one's start could take its rows as they are."""
-        if not self._buffer or not self.checkpoint_every:
-            return bool(self._buffer)
-        first, last = int(self._buffer[0]["position"]), int(self._buffer[-1]["position"])
-        return last // self.checkpoint_every == (first - 1) // self.checkpoint_every
 
     def _checkpoint_row(self, rows: list[dict[str, Any]], recorded_at: str) -> dict[str, Any] | None:
         """A checkpoint after this batch when it crosses a multiple of `checkpoint_every`.
@@ -325,70 +281,18 @@ class EventStore:
     @contextmanager
     def transaction(self) -> Iterator[LogTransaction]:
         """A write transaction holding the append lock; commits on success, else rolls back."""
-        with self._locked(wait=True) as tx:
-            assert tx is not None
+        with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
+            # SQLite: BEGIN IMMEDIATE took the lock; PostgreSQL: the head row's lock.
+            head = conn.execute(_HEAD if is_sqlite(self.engine) else _LOCK_HEAD).one()
+            tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
+            if self._known_head == (head.position, head.hash):
+                tx._versions = dict(self._known_versions)
             yield tx
-
-    @contextmanager
-    def try_transaction(self) -> Iterator[LogTransaction | None]:
-        """Like `transaction` if the append lock is free now; None if another writer holds it."""
-        with self._locked(wait=False) as tx:
-            yield tx
-
-    @contextmanager
-    def _locked(self, wait: bool) -> Iterator[LogTransaction | None]:
-        sqlite = is_sqlite(self.engine)
-        with self.engine.connect().execution_options(fleet_write=True) as conn:
-            if sqlite and not wait:  # on the driver: a statement here would begin a transaction
-                _busy_timeout(conn, 0)
-            try:
-                try:
-                    transaction = conn.begin()  # SQLite: BEGIN IMMEDIATE takes the lock here
-                    head = conn.execute(_HEAD if sqlite else
-                                        _LOCK_HEAD if wait else _TRY_LOCK_HEAD).one()
-                except DBAPIError as error:
-                    if wait or not _lock_busy(error):
-                        raise
-                    conn.rollback()
-                    yield None
-                    return
-                with transaction:
-                    tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
-                    if self._known_head == (head.position, head.hash):
-                        tx._versions = dict(self._known_versions)
-                    yield tx
-                    tx.flush()
-                    tx.projections.flush(head=(tx.head_position, tx.head_hash))
-            finally:
-                if sqlite and not wait:
-                    _busy_timeout(conn, SQLITE_BUSY_TIMEOUT_MS)
+            tx.flush()
+            tx.projections.flush(head=(tx.head_position, tx.head_hash))
         # Committed: remember the versions, bounded so a long-lived process stays small.
         self._known_head = (tx.head_position, tx.head_hash)
         self._known_versions = tx._versions if len(tx._versions) <= MAX_KNOWN_VERSIONS else {}
-
-    @contextmanager
-    def snapshot(self) -> Iterator[LogTransaction]:
-        """A read-only transaction on a consistent snapshot of the log, without the append lock.
-
-        Deciders may decide in it in parallel; what they append is only buffered (never written,
-        no checkpoints), and the snapshot is rolled back at the end. A caller then takes the
-        append lock and either adopts the rows (`LogTransaction.adopt`, nothing appended since)
-        or checks that everything read is unchanged before appending again.
-        """
-        connection = self.engine.connect()
-        if not is_sqlite(self.engine):
-            connection = connection.execution_options(isolation_level="REPEATABLE READ")
-        with connection as conn, conn.begin() as transaction:
-            head = conn.execute(select(log_head_table.c.position, log_head_table.c.hash).where(
-                log_head_table.c.id == 1)).one()
-            tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every,
-                                read_only=True)
-            if self._known_head == (head.position, head.hash):
-                tx._versions = dict(self._known_versions)
-            try:
-                yield tx
-            finally:
-                transaction.rollback()
 
     def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
         """Atomically append to one or several streams (see `LogTransaction.append`)."""

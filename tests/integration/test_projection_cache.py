@@ -5,10 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from controlplane.commands import command_adapter
 from controlplane.handlers.placement import inventory
@@ -22,6 +25,7 @@ from controlplane.state.fold import apply_event
 from controlplane.state.gpu_index import GpuIndex, gpu_index
 from events.projections import MemoryProjections, drop_all, load_all
 from events.store import EventStore, LogTransaction
+from events.tables import log_head_table
 from tests.factories import place_replica as place
 from tests.factories import register_model, register_node
 from tests.fleet_helpers import assert_replay_exact, run
@@ -138,10 +142,21 @@ def test_a_replica_kv_capacity_is_that_of_the_gpus_it_got_not_of_the_largest(sto
     assert_replay_exact(store)
 
 
-def test_a_snapshot_builds_a_view_once_and_keeps_it_current_with_its_own_writes(
+@contextmanager
+def read_only(store: EventStore) -> Iterator[LogTransaction]:
+    """A transaction without the append lock, rolled back at the end; its projections keep a
+    cache of their own."""
+    with store.engine.connect() as conn, conn.begin() as transaction:
+        position, head_hash = conn.execute(select(log_head_table.c.position,
+                                                  log_head_table.c.hash)).one()
+        yield LogTransaction(conn, position, head_hash)
+        transaction.rollback()
+
+
+def test_a_read_only_transaction_builds_a_view_once_and_keeps_it_current_with_its_writes(
         store: EventStore) -> None:
     run(store, register_node("n1", gpus=2), register_model())
-    with store.snapshot() as snapshot:
+    with read_only(store) as snapshot:
         index = gpu_index(snapshot.projections, 0.9)
         assert gpu_index(snapshot.projections, 0.9) is index
         node = snapshot.projections.get(NODE, "n1")
@@ -149,7 +164,7 @@ def test_a_snapshot_builds_a_view_once_and_keeps_it_current_with_its_own_writes(
         taken = {gpu_id: {**gpu, "reserved_by": "r1"} for gpu_id, gpu in node["gpus"].items()}
         snapshot.projections.put(NODE, "n1", {**node, "gpus": taken})
         assert len(index.signatures()) == 0 and index.gpu_count == 2
-    with store.snapshot() as snapshot:  # nothing of the rolled-back snapshot remains
+    with read_only(store) as snapshot:  # nothing of the rolled-back transaction remains
         assert len(gpu_index(snapshot.projections, 0.9).signatures()) == 1
 
 
@@ -182,14 +197,14 @@ def test_views_kept_across_other_appends_equal_views_built_from_the_stored_rows(
     with deciding.transaction() as tx:  # the head moved: the cached index is brought up to date
         assert same_index(gpu_index(tx.projections, 0.9), fresh_index(tx))
     decide_elsewhere(database_url, place("r3"))
-    with deciding.snapshot() as snapshot:  # starts from a copy of the shared index
+    with read_only(deciding) as snapshot:  # starts from a copy of the shared index
         seeded = gpu_index(snapshot.projections, 0.9)
         assert same_index(seeded, fresh_index(snapshot))
         node = snapshot.projections.get(NODE, "n2")  # a node r3 did not change
         assert node is not None
         snapshot.projections.put(NODE, "n2", {**node, "cordoned": True})
         assert not same_index(seeded, fresh_index(snapshot))
-    with deciding.transaction() as tx:  # the snapshot's write stayed in the snapshot
+    with deciding.transaction() as tx:  # the read-only transaction's write stayed in it
         assert same_index(gpu_index(tx.projections, 0.9), fresh_index(tx))
     run(deciding, place("r4"))
     assert set(holders(deciding).values()) == {1} and sum(holders(deciding).values()) == 4

@@ -1,0 +1,60 @@
+"""A batch reads its commands before taking the append lock, and still decides each only once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+from controlplane.commands import command_adapter
+from controlplane.service import accept, decide
+from controlplane.workloads import inventory, model, placement
+from events.store import EventStore, LogTransaction
+from tests.fleet_helpers import assert_replay_exact, decision
+
+
+class InterleavedStore(EventStore):
+    """A store on which another writer runs `before_lock` just before the lock is next taken."""
+
+    def __init__(self, store: EventStore) -> None:
+        super().__init__(store.engine, store.checkpoint_every)
+        self.before_lock: Callable[[], None] | None = None
+
+    def transaction(self) -> AbstractContextManager[LogTransaction]:
+        if self.before_lock is not None:
+            action, self.before_lock = self.before_lock, None
+            action()
+        return super().transaction()
+
+
+def accepted(store: EventStore, *payloads: dict[str, Any]) -> list[str]:
+    return accept(store, [command_adapter.validate_python(p) for p in payloads])
+
+
+def test_a_command_decided_elsewhere_after_its_batch_read_the_inbox_is_not_decided_again(
+        store: EventStore) -> None:
+    decide(store, accepted(store, *inventory(1, 2), model()))
+    interleaved = InterleavedStore(store)
+    ids = accepted(store, placement("a", "chat"), placement("b", "chat"))
+    interleaved.before_lock = lambda: decide(store, ids[:1])
+    outcomes = decide(interleaved, ids)
+    assert [o.decided_now for o in outcomes] == [False, True]
+    for command_id in ids:
+        events = [e for e in store.events_for_command(command_id)
+                  if e.event_type != "CommandAccepted"]
+        assert [e.event_type for e in events].count("ReplicaPlaced") == 1
+    assert outcomes[0].events == (decision(store, ids[0]), *outcomes[0].events[1:])
+    assert_replay_exact(store)
+
+
+def test_a_batch_decides_on_state_another_writer_changed_after_it_read_the_inbox(
+        store: EventStore) -> None:
+    decide(store, accepted(store, *inventory(1, 2), model()))
+    interleaved = InterleavedStore(store)
+    mine = accepted(store, placement("mine", "chat", tensor_parallel_size=2))
+    theirs = accepted(store, placement("theirs", "chat", tensor_parallel_size=2))
+    interleaved.before_lock = lambda: decide(store, theirs)
+    decide(interleaved, mine)
+    assert decision(store, theirs[0]).event_type == "ReplicaPlaced"
+    assert decision(store, mine[0]).event_type == "PlacementRefused"
+    assert_replay_exact(store)
