@@ -32,6 +32,7 @@ from events.store import EventStore
 from events.tables import events_table
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 WORKER_READY_TIMEOUT_SECONDS = 60.0
 WORKER_STOP_TIMEOUT_SECONDS = 30.0
 

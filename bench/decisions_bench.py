@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import (  # noqa: E402
+    DEFAULT_POSTGRES_URL,
     BenchSkipped,
     Figure,
     Measurement,
@@ -67,7 +68,6 @@ SEED = 20251130
 DEFAULT_COMMANDS = 20_000
 Setup = list[list[dict[str, Any]]]
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/14"
-DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 WORKER_COUNTS = (1, 2, 4)
 # A run that has not finished by then (under 20 decisions/s, or a minute) is reported as stuck.
 MIN_DECISIONS_PER_SECOND = 20.0

@@ -42,7 +42,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import BenchSkipped, format_table, load_average, postgres_database  # noqa: E402
+from bench.common import (  # noqa: E402
+    DEFAULT_POSTGRES_URL,
+    BenchSkipped,
+    Figure,
+    add_figures_argument,
+    format_table,
+    load_average,
+    postgres_database,
+    write_figures,
+)
 from controlplane.commands import command_adapter  # noqa: E402
 from controlplane.handlers.placement import inventory  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
@@ -217,6 +226,23 @@ def run(url: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
             "decide_floor_median_ms": round(floor_ms, 3), **checks}
 
 
+def figures(results: list[dict[str, Any]]) -> list[Figure]:
+    """Per store: placements/s and the one-at-a-time median, beside same-run references."""
+    found = []
+    for r in results:
+        found.append(Figure(
+            f"placements/s with the reservation, {r['store']}, {r['nodes']:,} nodes, batched",
+            r["placements_per_second"], 1000 / r["pure_scan_median_ms"], "placements/s",
+            "the pure policy alone, scanning every GPU", f">= {GOAL_PER_SECOND}",
+            r["placements_per_second"] >= GOAL_PER_SECOND))
+        found.append(Figure(
+            f"median ms per placement with the reservation, {r['store']}, one at a time",
+            r["single_median_ms"], r["decide_floor_median_ms"], "ms",
+            "one AssessMemory decision, same path", f"< {GOAL_MEDIAN_MS:g} ms",
+            r["single_median_ms"] < GOAL_MEDIAN_MS))
+    return found
+
+
 def table(results: list[dict[str, Any]]) -> str:
     headers = ["measurement", *[r["store"] for r in results]]
 
@@ -259,10 +285,14 @@ def main() -> None:
                         help="placements accepted by another process batch by batch")
     parser.add_argument("--pools", type=int, default=50, help="pools the replicas are spread over")
     parser.add_argument("--batch-size", type=int, default=200)
-    parser.add_argument("--postgres-url", default=os.environ.get("FLEET_TEST_DATABASE_URL"),
-                        help="a PostgreSQL server to run on too (default FLEET_TEST_DATABASE_URL)")
+    parser.add_argument("--postgres-url", default=os.environ.get("FLEET_TEST_DATABASE_URL",
+                                                                 DEFAULT_POSTGRES_URL),
+                        help="a PostgreSQL server to run on too, in a database of its own "
+                             "(default FLEET_TEST_DATABASE_URL, else the local server; skipped "
+                             "when unreachable)")
     parser.add_argument("--no-verify", dest="verify", action="store_false")
     parser.add_argument("--json", action="store_true")
+    add_figures_argument(parser)
     args = parser.parse_args()
     configure_logging("WARNING")
     results = []
@@ -274,6 +304,7 @@ def main() -> None:
                 results.append(run(url, "postgres", args))
         except BenchSkipped as skipped:
             print(f"postgres skipped: {skipped}", file=sys.stderr)
+    write_figures(args.figures_out, figures(results))
     if args.json:
         print(json.dumps(results, indent=2))
         return

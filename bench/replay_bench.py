@@ -33,7 +33,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import format_table, load_average  # noqa: E402
+from bench.common import (  # noqa: E402
+    Figure,
+    add_figures_argument,
+    format_table,
+    load_average,
+    write_figures,
+)
 
 EVENTS_PER_REQUEST = 6.0  # measured on mixed_fleet: accept, decide and pool event per admit and release
 SEED = 20261130
@@ -136,6 +142,26 @@ def run(path: Path, requests: int) -> dict[str, Any]:
             "load_average": load_average()}
 
 
+def figures(report: dict[str, Any]) -> list[Figure]:
+    """Rebuild beside the scan floor, its peak memory beside a quarter of the log, and verify."""
+    results, events = report["results"], report["events"]
+    rebuild, floor, verify = results["rebuild"], results["floor"], results["verify"]
+    quarter = results["rebuild_quarter"]
+    per_100k = verify["seconds"] * 100_000 / max(verify["count"], 1)
+    return [
+        Figure(f"replay: rebuild every projection, events/s ({events:,} events)",
+               events / rebuild["seconds"], events / floor["seconds"], "events/s",
+               "scan and decode the same rows", ">= 0.5", report["rebuild_ratio_to_floor"] >= 0.5),
+        Figure(f"replay: rebuild peak RSS, MiB ({events:,} events)", rebuild["peak_rss_mib"],
+               quarter["peak_rss_mib"], "MiB", f"same, {report['quarter_events']:,} events",
+               "< 300 MB, flat", rebuild["peak_rss_mib"] * 1.048576 < 300
+               and rebuild["peak_rss_mib"] - quarter["peak_rss_mib"] < 10),
+        Figure(f"replay --verify: seconds per 100,000 decisions ({verify['count']:,} verified, "
+               f"{verify['drifts']} drifted)", per_100k, 60.0, "s", "the issue's limit", "< 60 s",
+               per_100k < 60 and verify["drifts"] == 0),
+    ]
+
+
 def print_report(report: dict[str, Any]) -> None:
     results, events = report["results"], report["events"]
     reused = "reused a log " if report["log_reused"] else ""
@@ -166,6 +192,7 @@ def main() -> None:
                       help="about this many events in the log (1000000 for the issue's scale)")
     parser.add_argument("--log", type=Path, help="keep the built log here and reuse it next time")
     parser.add_argument("--json", action="store_true")
+    add_figures_argument(parser)
     parser.add_argument("--child", nargs=3, metavar=("URL", "WHAT", "POSITION"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -179,6 +206,7 @@ def main() -> None:
     else:
         with tempfile.TemporaryDirectory() as folder:
             report = run(Path(folder) / "replay.db", requests)
+    write_figures(args.figures_out, figures(report))
     if args.json:
         print(json.dumps(report, indent=2))
     else:
