@@ -233,7 +233,7 @@ def figures(results: list[dict[str, Any]]) -> list[Figure]:
         found.append(Figure(
             f"placements/s with the reservation, {r['store']}, {r['nodes']:,} nodes, batched",
             r["placements_per_second"], 1000 / r["pure_scan_median_ms"], "placements/s",
-            "the pure policy alone, scanning every GPU", f">= {GOAL_PER_SECOND}",
+            "the pure policy alone, scanning every GPU", f">= {GOAL_PER_SECOND:,.0f}",
             r["placements_per_second"] >= GOAL_PER_SECOND))
         found.append(Figure(
             f"median ms per placement with the reservation, {r['store']}, one at a time",
