@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from controlplane.commands import command_adapter
+from controlplane.errors import InputError
 from controlplane.policy_book import PolicyBook, validate_parameters
 from controlplane.replay import compare_with_live, state_at, verify_decisions
 from controlplane.service import accept, decide, pending_command_ids
@@ -153,3 +156,11 @@ def test_records_settled_and_forgotten_in_one_decision_leave_only_the_newest(
     assert changed.data["result"]["forgotten_request_ids"] == ["big", "q1"]
     assert requests_kept(store) == {"q2": "shed"}
     assert_replay_exact(store, book)
+
+
+def test_operators_set_max_settled_records_and_a_nonsense_value_is_refused() -> None:
+    assert validate_parameters("admission", {"max_settled_records": 5})["max_settled_records"] == 5
+    assert validate_parameters("admission", {})["max_settled_records"] == 10_000
+    for wrong in (0, -1, 1.5, "many"):
+        with pytest.raises(InputError, match="max_settled_records"):
+            validate_parameters("admission", {"max_settled_records": wrong})
