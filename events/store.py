@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -10,9 +9,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, func, select, update
-from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.engine import Connection
 
-from events.canonical import canonical_json, chain_hash
+from events.canonical import chain_hash
 from events.database import is_sqlite
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.model import (
@@ -24,13 +23,9 @@ from events.model import (
     StreamAppend,
 )
 from events.projections import SqlProjections
+from events.rows import COLUMNS, events_by_command, from_row, header_of, row_for, to_recorded
 from events.tables import events_table, log_head_table
 
-HEADER_FIELDS = (
-    "position", "stream_id", "stream_version", "event_id", "event_type", "schema_version",
-    "command_id", "causation_id", "correlation_id", "actor", "tenant", "occurred_at",
-    "recorded_at",
-)
 READ_CHUNK = 2_000
 MAX_KNOWN_VERSIONS = 100_000
 
@@ -44,52 +39,9 @@ _UPDATE_HEAD = update(log_head_table).where(log_head_table.c.id == 1).values(
     position=bindparam("head_position"), hash=bindparam("head_hash"))
 _EVENTS_BY_ID = select(events_table).where(
     events_table.c.event_id.in_(bindparam("event_ids", expanding=True)))
-_EVENTS_BY_COMMAND = (select(events_table)
-                      .where(events_table.c.command_id.in_(bindparam("command_ids", expanding=True)))
-                      .order_by(events_table.c.position))
-_EVENTS_BY_COMMAND_EXCEPT = _EVENTS_BY_COMMAND.where(
-    events_table.c.event_type != bindparam("excluded_type"))
 _MAX_VERSIONS = (select(events_table.c.stream_id, func.max(events_table.c.stream_version))
                  .where(events_table.c.stream_id.in_(bindparam("stream_ids", expanding=True)))
                  .group_by(events_table.c.stream_id))
-
-
-def header_of(row: dict[str, Any] | RowMapping) -> dict[str, Any]:
-    """The hashed envelope fields of a stored row (everything but data and the hashes)."""
-    return {name: row[name] for name in HEADER_FIELDS}
-
-
-_COLUMNS = tuple(column.name for column in events_table.columns)
-_DATA = _COLUMNS.index("data")
-# Rows read as tuples become events positionally: the table's columns are the event's fields.
-assert list(_COLUMNS) == list(RecordedEvent.__dataclass_fields__)
-
-
-def from_row(row: Sequence[Any]) -> RecordedEvent:
-    """A stored row, read as a tuple of every column in table order, as an event."""
-    return RecordedEvent(*row[:_DATA], json.loads(row[_DATA]),  # type: ignore[call-arg]
-                         *row[_DATA + 1:])
-
-
-def to_recorded(row: RowMapping | dict[str, Any]) -> RecordedEvent:
-    values = dict(row)
-    values["data"] = json.loads(values["data"])
-    return RecordedEvent(**values)
-
-
-def events_by_command(connection: Connection, command_ids: Sequence[str],
-                      excluded_type: str | None = None) -> dict[str, list[RecordedEvent]]:
-    """Each command's events in position order, without those of `excluded_type` if given."""
-    grouped: dict[str, list[RecordedEvent]] = {command_id: [] for command_id in command_ids}
-    ids = list(grouped)
-    query = _EVENTS_BY_COMMAND if excluded_type is None else _EVENTS_BY_COMMAND_EXCEPT
-    for start in range(0, len(ids), 500):
-        rows = connection.execute(query, {"command_ids": ids[start:start + 500],
-                                          "excluded_type": excluded_type})
-        for row in rows:
-            event = from_row(row)
-            grouped[event.command_id or ""].append(event)
-    return grouped
 
 
 class LogTransaction:
@@ -173,7 +125,7 @@ class LogTransaction:
             for new in batch.events:
                 position += 1
                 version += 1
-                row = _row_for(new, batch.stream_id, version, position, recorded_at)
+                row = row_for(new, batch.stream_id, version, position, recorded_at)
                 row["prev_hash"] = prev_hash
                 row["hash"] = prev_hash = chain_hash(prev_hash, header_of(row), row["data"])
                 rows.append(row)
@@ -213,7 +165,7 @@ class LogTransaction:
         new = NewEvent(event_id=str(uuid.uuid5(EVENT_NAMESPACE, f"checkpoint/{last}")),
                        event_type=CHECKPOINT_EVENT, data=data, occurred_at=rows[-1]["occurred_at"],
                        actor="log", tenant="system")
-        row = _row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at)
+        row = row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at)
         row["prev_hash"] = rows[-1]["hash"]
         row["hash"] = chain_hash(row["prev_hash"], header_of(row), row["data"])
         return row
@@ -253,18 +205,6 @@ class LogTransaction:
                     f"@{stored.stream_version}")
             result.append(stored)
         return result
-
-
-def _row_for(new: NewEvent, stream_id: str, version: int, position: int,
-             recorded_at: str) -> dict[str, Any]:
-    return {
-        "position": position, "stream_id": stream_id, "stream_version": version,
-        "event_id": new.event_id, "event_type": new.event_type,
-        "schema_version": new.schema_version, "data": canonical_json(new.data),
-        "command_id": new.command_id, "causation_id": new.causation_id,
-        "correlation_id": new.correlation_id, "actor": new.actor, "tenant": new.tenant,
-        "occurred_at": new.occurred_at, "recorded_at": recorded_at,
-    }
 
 
 class EventStore:
@@ -329,7 +269,7 @@ class EventStore:
             if not rows:
                 return
             for row in rows:
-                yield dict(zip(_COLUMNS, row, strict=True)) if raw else from_row(row)
+                yield dict(zip(COLUMNS, row, strict=True)) if raw else from_row(row)
             last = rows[-1][0]
 
     def events_for_command(self, command_id: str) -> list[RecordedEvent]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from events.canonical import GENESIS_HASH, chain_hash
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
-from events.store import header_of
+from events.rows import header_of
 
 
 @dataclass(frozen=True)

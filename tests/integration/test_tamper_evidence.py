@@ -112,7 +112,7 @@ def test_a_rewritten_history_with_a_recomputed_chain_is_caught_by_the_next_check
         store: EventStore) -> None:
     """An attacker who edits a row and re-hashes everything after it still fails the root."""
     from events.canonical import chain_hash
-    from events.store import header_of
+    from events.rows import header_of
 
     small = checkpointed_store(store)
     rows = list(small.read_all(raw=True))

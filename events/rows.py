@@ -1,0 +1,76 @@
+"""Stored rows and events: the hashed header, a row for a new event, events from rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import bindparam, select
+from sqlalchemy.engine import Connection, RowMapping
+
+from events.canonical import canonical_json
+from events.model import NewEvent, RecordedEvent
+from events.tables import events_table
+
+HEADER_FIELDS = (
+    "position", "stream_id", "stream_version", "event_id", "event_type", "schema_version",
+    "command_id", "causation_id", "correlation_id", "actor", "tenant", "occurred_at",
+    "recorded_at",
+)
+_EVENTS_BY_COMMAND = (select(events_table)
+                      .where(events_table.c.command_id.in_(bindparam("command_ids", expanding=True)))
+                      .order_by(events_table.c.position))
+_EVENTS_BY_COMMAND_EXCEPT = _EVENTS_BY_COMMAND.where(
+    events_table.c.event_type != bindparam("excluded_type"))
+
+
+def header_of(row: dict[str, Any] | RowMapping) -> dict[str, Any]:
+    """The hashed envelope fields of a stored row (everything but data and the hashes)."""
+    return {name: row[name] for name in HEADER_FIELDS}
+
+
+COLUMNS = tuple(column.name for column in events_table.columns)
+_DATA = COLUMNS.index("data")
+# Rows read as tuples become events positionally: the table's columns are the event's fields.
+assert list(COLUMNS) == list(RecordedEvent.__dataclass_fields__)
+
+
+def from_row(row: Sequence[Any]) -> RecordedEvent:
+    """A stored row, read as a tuple of every column in table order, as an event."""
+    return RecordedEvent(*row[:_DATA], json.loads(row[_DATA]),  # type: ignore[call-arg]
+                         *row[_DATA + 1:])
+
+
+def to_recorded(row: RowMapping | dict[str, Any]) -> RecordedEvent:
+    values = dict(row)
+    values["data"] = json.loads(values["data"])
+    return RecordedEvent(**values)
+
+
+def events_by_command(connection: Connection, command_ids: Sequence[str],
+                      excluded_type: str | None = None) -> dict[str, list[RecordedEvent]]:
+    """Each command's events in position order, without those of `excluded_type` if given."""
+    grouped: dict[str, list[RecordedEvent]] = {command_id: [] for command_id in command_ids}
+    ids = list(grouped)
+    query = _EVENTS_BY_COMMAND if excluded_type is None else _EVENTS_BY_COMMAND_EXCEPT
+    for start in range(0, len(ids), 500):
+        rows = connection.execute(query, {"command_ids": ids[start:start + 500],
+                                          "excluded_type": excluded_type})
+        for row in rows:
+            event = from_row(row)
+            grouped[event.command_id or ""].append(event)
+    return grouped
+
+
+def row_for(new: NewEvent, stream_id: str, version: int, position: int,
+            recorded_at: str) -> dict[str, Any]:
+    """The row that stores `new` at its place (hashes are added by the appender)."""
+    return {
+        "position": position, "stream_id": stream_id, "stream_version": version,
+        "event_id": new.event_id, "event_type": new.event_type,
+        "schema_version": new.schema_version, "data": canonical_json(new.data),
+        "command_id": new.command_id, "causation_id": new.causation_id,
+        "correlation_id": new.correlation_id, "actor": new.actor, "tenant": new.tenant,
+        "occurred_at": new.occurred_at, "recorded_at": recorded_at,
+    }
