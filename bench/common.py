@@ -151,15 +151,15 @@ def log_position(engine: Engine) -> int:
         return int(conn.execute(text("SELECT position FROM log_head WHERE id = 1")).scalar() or 0)
 
 
-def undecided(engine: Engine) -> int:
-    """Accepted commands with no decision yet (the `pending` projection's rows)."""
+def any_undecided(engine: Engine) -> bool:
+    """Whether an accepted command has no decision yet (a row of the `pending` projection)."""
     with engine.connect() as conn:
-        return int(conn.execute(text(
-            "SELECT count(*) FROM projections WHERE name = 'pending'")).scalar() or 0)
+        return conn.execute(text(
+            "SELECT 1 FROM projections WHERE name = 'pending' LIMIT 1")).first() is not None
 
 
-def check_exactly_once(store: EventStore, label: str) -> int:
-    """RuntimeError unless every accepted command was decided exactly once; returns how many.
+def check_exactly_once(store: EventStore, label: str, expected: int) -> None:
+    """RuntimeError unless the log holds `expected` accepted commands, each decided exactly once.
 
     The fault suite's invariant: each accepted command has decision events, all recording one
     read position (a second decision would record another).
@@ -169,7 +169,9 @@ def check_exactly_once(store: EventStore, label: str) -> int:
     if report.violations:
         raise RuntimeError(f"{label}: {len(report.violations)} violation(s), first: "
                            f"{report.violations[0]}")
-    return report.commands_decided
+    if report.commands_accepted != expected or report.commands_decided != expected:
+        raise RuntimeError(f"{label}: {report.commands_accepted} commands accepted and "
+                           f"{report.commands_decided} decided, expected {expected}")
 
 
 def wait_for_decisions(engine: Engine, timeout_seconds: float,
@@ -177,10 +179,10 @@ def wait_for_decisions(engine: Engine, timeout_seconds: float,
     """Poll until no accepted command is undecided; returns the monotonic time that was seen.
 
     Call it after `submit` returned (the inbox is written by then). Polling must not slow the
-    workers it times: the log head (one row) is read every few milliseconds, and the undecided
-    commands are counted only once the head has stopped moving; the time returned is when the
-    head was first seen at its final position. Raises RuntimeError on timeout or when a worker
-    process died before the end.
+    workers it times: it reads the one-row log head, and whether any command is undecided (one
+    row at most) only while the head stands still. It returns when the head was first seen at
+    its final position, once nothing is undecided and the head is still there after that check.
+    Raises RuntimeError on timeout or when a worker process died before the end.
     """
     deadline = time.monotonic() + timeout_seconds
     last_head, since = -1, time.monotonic()
@@ -188,7 +190,7 @@ def wait_for_decisions(engine: Engine, timeout_seconds: float,
         head, now = log_position(engine), time.monotonic()
         if head != last_head:
             last_head, since = head, now
-        elif undecided(engine) == 0:
+        elif not any_undecided(engine) and log_position(engine) == last_head:
             return since
         if any(process.poll() is not None for process in workers):
             raise RuntimeError("a worker process exited before every command was decided")

@@ -92,6 +92,10 @@ def commands_for(payloads: Sequence[dict[str, Any]], run: str) -> list[CommandBa
             for p in payloads]
 
 
+def commands_in(setup: Setup) -> int:
+    return sum(len(phase) for phase in setup)
+
+
 def set_up(settings: Settings, store: EventStore, setup: Setup, run: str,
            workers: Sequence[Any] = ()) -> int:
     """Decide the setup phases in order (not timed); returns the log position they end at."""
@@ -124,7 +128,7 @@ def run_embedded(path: str, setup: Setup, traffic: list[dict[str, Any]], batch_s
         started = time.perf_counter()
         submit(settings, store, commands)
         seconds = time.perf_counter() - started
-    check_exactly_once(store, f"{path} {EMBEDDED}")
+    check_exactly_once(store, f"{path} {EMBEDDED}", commands_in(setup) + len(commands))
     rows = stored_rows(store, timed_from)
     store.engine.dispose()
     return Measurement(path, EMBEDDED, "in-process", len(commands), seconds), rows
@@ -153,7 +157,7 @@ def run_queued(path: str, store_label: str, setup: Setup, traffic: list[dict[str
     except RuntimeError as error:
         raise RuntimeError(f"{label}: {error}; the workers' log ends:\n{tail(pool.log_path)}") \
             from None
-    check_exactly_once(store, label)
+    check_exactly_once(store, label, commands_in(setup) + len(commands))
     return Measurement(path, store_label, str(workers), len(commands), finished - started), \
         timed_from
 

@@ -41,8 +41,9 @@ class AdmissionParameters(PolicyParameters):
     max_queued_requests: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 64
     max_tokens_per_request: Annotated[int, Field(strict=True, gt=0, le=100_000_000)] = 131_072
     record_ttl_seconds: Annotated[float, Field(strict=True, gt=0, le=31_536_000)] = 3_600.0
-    # Settled (shed or released) request records a pool keeps to answer a replayed id.
-    max_settled_records: Annotated[int, Field(strict=True, gt=0, le=10_000_000)] = 10_000
+    # Settled (shed or released) request records a pool keeps to answer a replayed id; bounded
+    # because lowering it makes one decision name every record it forgets.
+    max_settled_records: Annotated[int, Field(strict=True, gt=0, le=100_000)] = 10_000
 
 
 class AutoscalingParameters(PolicyParameters):

@@ -103,8 +103,9 @@ def decide(store: EventStore, command_ids: Sequence[str],
     delivered twice appends nothing. Unknown ids are skipped with a warning. Follow-up commands
     a decision issued are passed to `enqueue` after commit (else `reconcile` finds them).
 
-    Deciding happens without the append lock, on a snapshot of the log, so workers decide in
-    parallel; the lock is taken only to append (see `_decide_and_append` for why that is exact).
+    The inbox is read and parsed before the append lock is taken; the batch is then decided
+    and appended under the lock (`controlplane.deciding.decide_batch`), which checks again that
+    no other worker decided any of its commands meanwhile.
     """
     policies = policies or PolicyBook()
     ids = list(dict.fromkeys(command_ids))

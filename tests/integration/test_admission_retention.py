@@ -161,6 +161,6 @@ def test_records_settled_and_forgotten_in_one_decision_leave_only_the_newest(
 def test_operators_set_max_settled_records_and_a_nonsense_value_is_refused() -> None:
     assert validate_parameters("admission", {"max_settled_records": 5})["max_settled_records"] == 5
     assert validate_parameters("admission", {})["max_settled_records"] == 10_000
-    for wrong in (0, -1, 1.5, "many"):
+    for wrong in (0, -1, 1.5, "many", 100_001):
         with pytest.raises(InputError, match="max_settled_records"):
             validate_parameters("admission", {"max_settled_records": wrong})
