@@ -11,9 +11,11 @@ the log.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import bindparam, func, select
@@ -24,7 +26,7 @@ from controlplane.decisions import ACCEPTED, DecisionContext
 from controlplane.handlers import HANDLERS, OBSERVATIONS
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import apply_event
-from events.model import RecordedEvent
+from events.model import EVENT_NAMESPACE, NewEvent, RecordedEvent, StreamAppend
 from events.projections import MemoryProjections, drop_all, load_all
 from events.store import EventStore
 from events.tables import events_table
@@ -73,12 +75,18 @@ def compare_with_live(store: EventStore) -> list[dict[str, Any]]:
     return diff_tables(live, fold(store.read_all()).snapshot())
 
 
+PROJECTIONS_REBUILT = "ProjectionsRebuilt"
+MAINTENANCE_STREAM = "maintenance/projections"
+
+
 def rebuild_live(store: EventStore) -> int:
     """Drop the live projections and write them again from the log; returns events folded.
 
     The fold runs in memory under the append lock and only its final rows are written, in the
     same transaction, so nobody sees a half-built state and the write buffer holds the bounded
-    state rather than every row the log ever touched.
+    state rather than every row the log ever touched. The rebuild is recorded in the log
+    (`ProjectionsRebuilt`, which folds to nothing): the head moves, so every process that keeps
+    projection rows cached for the old head reads them again.
     """
     with store.transaction() as tx:
         drop_all(tx.connection)
@@ -90,6 +98,13 @@ def rebuild_live(store: EventStore) -> int:
         for name, rows in state.tables.items():
             for key, value in rows.items():
                 tx.projections.put(name, key, value)
+        through = tx.head_position
+        tx.append([StreamAppend(MAINTENANCE_STREAM, None, [NewEvent(
+            event_id=str(uuid.uuid5(EVENT_NAMESPACE, f"projections-rebuilt/{through}")),
+            event_type=PROJECTIONS_REBUILT,
+            data={"events_folded": count, "through_position": through},
+            occurred_at=datetime.now(UTC).isoformat(timespec="microseconds"),
+            actor="operator", tenant="system")])])
     return count
 
 

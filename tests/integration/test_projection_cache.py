@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from controlplane.commands import command_adapter
 from controlplane.handlers.placement import inventory
@@ -20,7 +20,7 @@ from controlplane.policies.reasons import to_plain
 from controlplane.replay import compare_with_live, rebuild_live
 from controlplane.runtime import open_store, store_for_process
 from controlplane.service import accept, decide
-from controlplane.state.fleet import NODE, PLACEMENT_REFUSED, REPLICA_PLACED
+from controlplane.state.fleet import NODE, PLACEMENT_REFUSED, REPLICA, REPLICA_PLACED
 from controlplane.state.fold import apply_event
 from controlplane.state.gpu_index import GpuIndex, gpu_index
 from events.projections import MemoryProjections, drop_all, load_all
@@ -94,6 +94,22 @@ def test_rebuilding_the_live_projections_keeps_placement_exact(store: EventStore
     rebuild_live(store)
     run(store, place("r3", tp=2), place("r4"))
     assert set(holders(store).values()) == {1}
+    assert compare_with_live(store) == []
+
+
+def test_a_rebuild_by_another_process_is_never_hidden_by_rows_cached_here(
+        store: EventStore, database_url: str) -> None:
+    run(store, register_node("n1", gpus=2), register_model(), place("r1"))
+    with store.engine.begin() as conn:  # a damaged projection row, as a rebuild would repair
+        conn.execute(text("UPDATE projections SET data = :d WHERE name = 'replica' AND key = 'r1'"),
+                     {"d": '{"damaged": true}'})
+    with store.transaction() as tx:  # read here, and cached for this head
+        assert tx.projections.get(REPLICA, "r1") == {"damaged": True}
+    other = open_store(database_url)
+    rebuild_live(other)
+    other.engine.dispose()
+    with store.transaction() as tx:
+        assert tx.projections.get(REPLICA, "r1") != {"damaged": True}
     assert compare_with_live(store) == []
 
 
