@@ -273,8 +273,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(results.table())
         print("naive runs use fewer commands; every rate is per command, so the ratios compare like"
               " with like.\nx naive: against the naive run on the same store (same workers if"
-              " measured, else 1).\nfloor: one bulk insert of the rows the first batched run on that"
-              " database stored (CommandAccepted + decision events), copied, into an empty log.")
+              " measured, else 1).\nfloor: one bulk insert of the rows the timed commands of the first"
+              " batched run on that database stored (CommandAccepted + decision events), copied,"
+              " into an empty log.")
         for goal, met in results.goals():
             print(f"goal: {goal}: {'not measured' if met is None else 'met' if met else 'MISSED'}")
         for line in [f"skipped: {s}" for s in results.skipped] + [f"FAILED: {f}" for f in results.failed]:
