@@ -35,7 +35,7 @@ class Settings:
 
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str | None = None
-    batch_size: int = 200
+    batch_size: int = 500
     job_timeout_seconds: int = 600
     result_ttl_seconds: int = 3_600
     failure_ttl_seconds: int = 7 * 24 * 3_600
@@ -46,7 +46,7 @@ class Settings:
         return cls(
             database_url=os.environ.get("FLEET_DATABASE_URL") or DEFAULT_DATABASE_URL,
             redis_url=os.environ.get("FLEET_REDIS_URL") or None,
-            batch_size=_positive_int("FLEET_BATCH_SIZE", 200),
+            batch_size=_positive_int("FLEET_BATCH_SIZE", 500),
             job_timeout_seconds=_positive_int("FLEET_JOB_TIMEOUT_SECONDS", 600),
         )
 
