@@ -34,7 +34,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ from bench.common import (  # noqa: E402
     write_figures,
 )
 from controlplane.commands import command_adapter  # noqa: E402
+from controlplane.faults.invariants import gpu_holds  # noqa: E402
 from controlplane.handlers.placement import inventory  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.policies.placement import Locality, PlacementRequest, place_replica  # noqa: E402
@@ -151,12 +151,7 @@ def policy_sample(store: EventStore, command_id: str, before: MemoryProjections,
 
 def held_at_most_once(store: EventStore) -> tuple[int, bool]:
     """(GPUs reserved now, whether no GPU is held twice), folded by hand from the log."""
-    held: Counter[tuple[str, str]] = Counter()
-    for event in store.read_all():
-        if event.event_type in ("GpusReserved", "GpusReleased"):
-            step = 1 if event.event_type == "GpusReserved" else -1
-            for gpu_id in event.data["result"]["gpu_ids"]:
-                held[(event.data["result"]["node_id"], gpu_id)] += step
+    held = gpu_holds(store.read_all())
     return sum(held.values()), all(count in (0, 1) for count in held.values())
 
 

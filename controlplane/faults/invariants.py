@@ -6,7 +6,7 @@ assert there are none.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -75,6 +75,19 @@ def _reservations(events: Iterable[RecordedEvent], report: InvariantReport) -> N
             elif holder.pop(key, None) is None:
                 report.violations.append(f"gpu_released_unheld: {key[0]}/{gpu_id} "
                                          f"at position {event.position}")
+
+
+def gpu_holds(events: Iterable[RecordedEvent]) -> Counter[tuple[str, str]]:
+    """Live reservations per GPU, (node id, GPU id), folded by hand from reservations and
+    releases: each is 1 while reserved and 0 once released; anything else is a double booking."""
+    holds: Counter[tuple[str, str]] = Counter()
+    for event in events:
+        if event.event_type in (GPUS_RESERVED, GPUS_RELEASED):
+            step = 1 if event.event_type == GPUS_RESERVED else -1
+            change = event.data["result"]
+            for gpu_id in change["gpu_ids"]:
+                holds[(change["node_id"], gpu_id)] += step
+    return holds
 
 
 def _budgets(events: Iterable[RecordedEvent], report: InvariantReport) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 import pytest
 
 from controlplane.errors import SubmissionRejected
 from controlplane.explain import explain_id
+from controlplane.faults.invariants import gpu_holds
 from controlplane.replay import compare_with_live, verify_decisions
 from events.store import EventStore
 from tests.factories import place_replica, register_model, register_node
@@ -23,19 +23,6 @@ def decisions(store: EventStore, event_type: str) -> list[Any]:
     return [e for e in store.read_all() if e.event_type == event_type]
 
 
-def reserved_gpus(store: EventStore) -> Counter[tuple[str, str]]:
-    """Fold the log by hand: how many live reservations each GPU holds."""
-    holds: Counter[tuple[str, str]] = Counter()
-    for event in store.read_all():
-        if event.event_type in ("GpusReserved", "GpusReleased"):
-            step = 1 if event.event_type == "GpusReserved" else -1
-            for gpu_id in event.data["result"]["gpu_ids"]:
-                holds[(event.data["result"]["node_id"], gpu_id)] += step
-    return holds
-
-
-
-
 def test_a_placement_reserves_its_gpus_on_every_node_stream_at_once(store: EventStore) -> None:
     run(store, register_node("n1", gpus=2), register_node("n2", gpus=2), register_model(),
         place_replica("r1", tp=2), place_replica("r2", tp=2))
@@ -43,7 +30,7 @@ def test_a_placement_reserves_its_gpus_on_every_node_stream_at_once(store: Event
     assert [e.data["result"]["replica_id"] for e in placed] == ["r1", "r2"]
     groups = [e.data["result"]["gpus"] for e in placed]
     assert groups[0] != groups[1]
-    assert set(reserved_gpus(store).values()) == {1}
+    assert set(gpu_holds(store.read_all()).values()) == {1}
     reservations = decisions(store, "GpusReserved")
     assert all(r.data["causes"] == [placed[i // 1].event_id] for i, r in enumerate(reservations))
 
@@ -79,7 +66,7 @@ def test_release_frees_gpus_and_drain_releases_every_replica_on_a_node(store: Ev
         place_replica("r2"), {"type": "ReleaseReplica", "replica_id": "r1", "command_id": "rel"},
         place_replica("r3"), {"type": "DrainNode", "node_id": "n1", "command_id": "drain"})
     assert len(decisions(store, "ReplicaPlaced")) == 3
-    assert set(reserved_gpus(store).values()) == {0}
+    assert set(gpu_holds(store.read_all()).values()) == {0}
     released = [e.data["result"]["replica_id"] for e in decisions(store, "ReplicaReleased")]
     assert released == ["r1", "r2", "r3"]
     assert compare_with_live(store) == [] and verify_decisions(store).drifts == []

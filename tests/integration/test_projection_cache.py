@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import select, text
 
 from controlplane.commands import command_adapter
+from controlplane.faults.invariants import gpu_holds
 from controlplane.handlers.placement import inventory
 from controlplane.policies.placement import Locality, PlacementRequest, place_replica
 from controlplane.policies.reasons import to_plain
@@ -34,17 +35,6 @@ pytestmark = pytest.mark.usefixtures("embedded_queue")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def holders(store: EventStore) -> Counter[tuple[str, str]]:
-    """Live reservations per GPU, folded by hand from the log."""
-    held: Counter[tuple[str, str]] = Counter()
-    for event in store.read_all():
-        if event.event_type in ("GpusReserved", "GpusReleased"):
-            step = 1 if event.event_type == "GpusReserved" else -1
-            for gpu_id in event.data["result"]["gpu_ids"]:
-                held[(event.data["result"]["node_id"], gpu_id)] += step
-    return held
-
-
 def test_a_cache_never_serves_state_from_before_another_process_append(store: EventStore) -> None:
     deciding = store_for_process()  # accepts and decides here: only the other process moves the log
     run(deciding, register_node("n1", gpus=2), register_node("n2", gpus=2), register_model(),
@@ -54,7 +44,7 @@ def test_a_cache_never_serves_state_from_before_another_process_append(store: Ev
              "run(store_for_process(), place_replica('r2'))")
     subprocess.run([sys.executable, "-c", other], cwd=ROOT, check=True, timeout=120)
     run(deciding, place("r3"))
-    held = holders(store)
+    held = gpu_holds(store.read_all())
     assert sum(held.values()) == 3 and set(held.values()) == {1}
     assert_replay_exact(store)
 
@@ -74,7 +64,7 @@ def test_a_transaction_that_fails_after_writing_leaves_nothing_behind_in_the_cac
         tx.projections.put(NODE, "n1", {**node, "gpus": taken})
         raise RuntimeError("the transaction fails after writing")
     run(deciding, place("r2"))
-    assert sum(holders(store).values()) == 3
+    assert sum(gpu_holds(store.read_all()).values()) == 3
     assert_replay_exact(store)
 
 
@@ -93,7 +83,7 @@ def test_rebuilding_the_live_projections_keeps_placement_exact(store: EventStore
         place("r1", tp=2), place("r2"))
     rebuild_live(store)
     run(store, place("r3", tp=2), place("r4"))
-    assert set(holders(store).values()) == {1}
+    assert set(gpu_holds(store.read_all()).values()) == {1}
     assert compare_with_live(store) == []
 
 
@@ -223,5 +213,6 @@ def test_views_kept_across_other_appends_equal_views_built_from_the_stored_rows(
     with deciding.transaction() as tx:  # the read-only transaction's write stayed in it
         assert same_index(gpu_index(tx.projections, 0.9), fresh_index(tx))
     run(deciding, place("r4"))
-    assert set(holders(deciding).values()) == {1} and sum(holders(deciding).values()) == 4
+    holds = gpu_holds(deciding.read_all())
+    assert set(holds.values()) == {1} and sum(holds.values()) == 4
     assert_replay_exact(deciding)
