@@ -10,8 +10,7 @@ log, hence equal projections.
 On a different head, rows are forgotten, but a projection that has views is revalidated before
 its first use instead: every stored row's text is read again and only the rows whose text
 differs from the text this cache holds (canonical JSON: equal text, equal value) are decoded
-and told to the views. A read-only transaction (which has no shared cache) may start from a
-copy of the shared views, revalidated the same way against its own connection.
+and told to the views. A read-only transaction keeps a cache of its own for its lifetime.
 
 The cache mirrors the projections table: everything written to that table goes through
 `SqlProjections` or `drop_all`, both of which keep the cache in step.
@@ -20,7 +19,6 @@ The cache mirrors the projections table: everything written to that table goes t
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
@@ -48,9 +46,7 @@ class ProjectionCache:
     row's write is not yet flushed), which is what revalidation compares.
     """
 
-    def __init__(self, seed_from: ProjectionCache | None = None) -> None:
-        """`seed_from`: a shared cache whose views this one (a read-only transaction's) may
-        start from."""
+    def __init__(self) -> None:
         self.head: tuple[int, str] | None = None
         self.dirty = False
         self.rows: dict[str, dict[str, Row | None]] = {}
@@ -59,16 +55,11 @@ class ProjectionCache:
         self.texts: dict[str, dict[str, str]] = {}
         self.stale: set[str] = set()
         self.size = 0
-        # Held while views change or are copied, so a copy never sees half of a write.
-        self.lock = threading.Lock()
-        self._seed_from = seed_from
-        self._touched: set[str] = set()
 
     def clear(self) -> None:
         """Forget everything: the next reads go to the database."""
-        with self.lock:
-            self.rows, self.complete, self.views, self.texts, self.stale = {}, set(), {}, {}, set()
-            self.size = 0
+        self.rows, self.complete, self.views, self.texts, self.stale = {}, set(), {}, {}, set()
+        self.size = 0
 
     def _keep_only_viewed(self, stale: bool) -> None:
         """Forget every row but those of projections with views (revalidated first if `stale`)."""
@@ -81,12 +72,11 @@ class ProjectionCache:
     def begin(self, connection: Connection, head: tuple[int, str] | None) -> None:
         """Start a write transaction: trust the cache only if the log is where it was settled."""
         position, head_hash = head if head is not None else connection.execute(_HEAD).one()
-        with self.lock:
-            if self.dirty or self.head != (position, head_hash):
-                self._keep_only_viewed(stale=True)
-            elif self.size > MAX_CACHED_ROWS:
-                self._keep_only_viewed(stale=False)
-            self.head, self.dirty = (position, head_hash), False
+        if self.dirty or self.head != (position, head_hash):
+            self._keep_only_viewed(stale=True)
+        elif self.size > MAX_CACHED_ROWS:
+            self._keep_only_viewed(stale=False)
+        self.head, self.dirty = (position, head_hash), False
 
     def settle(self, connection: Connection, head: tuple[int, str] | None) -> None:
         """The transaction wrote everything: the cache now mirrors the log at its new head."""
@@ -101,29 +91,25 @@ class ProjectionCache:
 
     def revalidate(self, name: str, stored: Stored) -> None:
         """Bring a projection with views up to the stored rows, decoding only changed ones."""
-        if self._seed_from is not None and name not in self._touched:
-            self._touched.add(name)
-            self._seed(self._seed_from, name)
         if name not in self.stale:
             return
-        with self.lock:
-            rows, texts = self.rows.setdefault(name, {}), self.texts.setdefault(name, {})
-            views = self.views.get(name, {}).values()
-            current = stored(name)
-            for key, text in current.items():
-                if texts.get(key) != text:
-                    value = rows[key] = json.loads(text)
-                    texts[key] = text
-                    for view in views:
-                        view.apply(key, value)
-            for key in [key for key in rows if key not in current]:
-                if rows[key] is not None:
-                    for view in views:
-                        view.apply(key, None)
-                rows[key] = None
-                texts.pop(key, None)
-            self.complete.add(name)
-            self.stale.discard(name)
+        rows, texts = self.rows.setdefault(name, {}), self.texts.setdefault(name, {})
+        views = self.views.get(name, {}).values()
+        current = stored(name)
+        for key, text in current.items():
+            if texts.get(key) != text:
+                value = rows[key] = json.loads(text)
+                texts[key] = text
+                for view in views:
+                    view.apply(key, value)
+        for key in [key for key in rows if key not in current]:
+            if rows[key] is not None:
+                for view in views:
+                    view.apply(key, None)
+            rows[key] = None
+            texts.pop(key, None)
+        self.complete.add(name)
+        self.stale.discard(name)
 
     def row(self, name: str, key: str, load: Callable[[str, str], Row | None],
             stored: Stored) -> Row | None:
@@ -169,16 +155,15 @@ class ProjectionCache:
         """A put (or, with None, a delete) of the current transaction, seen by rows and views."""
         self.revalidate(name, stored)
         self.dirty = True
-        with self.lock:
-            table = self.rows.setdefault(name, {})
-            if key not in table:
-                self.size += 1
-            table[key] = value
-            texts = self.texts.get(name)
-            if texts is not None:
-                texts.pop(key, None)  # unknown until flushed
-            for view in self.views.get(name, {}).values():
-                view.apply(key, value)
+        table = self.rows.setdefault(name, {})
+        if key not in table:
+            self.size += 1
+        table[key] = value
+        texts = self.texts.get(name)
+        if texts is not None:
+            texts.pop(key, None)  # unknown until flushed
+        for view in self.views.get(name, {}).values():
+            view.apply(key, value)
 
     def view(self, name: str, view_id: Hashable, build: Callable[[], TableView],
              stored: Stored) -> TableView:
@@ -192,26 +177,8 @@ class ProjectionCache:
                 rows = self.rows[name] = {key: json.loads(text) for key, text in texts.items()}
                 self.size += len(rows)
                 self.complete.add(name)
-            with self.lock:
-                views[view_id] = build()
+            views[view_id] = build()
         return views[view_id]
-
-    def _seed(self, shared: ProjectionCache, name: str) -> None:
-        """Start from copies of `shared`'s views of `name` and their rows, to be revalidated.
-
-        Only from a cache no transaction is writing, and only views that can copy themselves.
-        """
-        with shared.lock:
-            views = shared.views.get(name, {})
-            if shared.dirty or name not in shared.texts or name in shared.stale or not views or \
-                    not all(hasattr(view, "copy") for view in views.values()):
-                return
-            self.views[name] = {view_id: view.copy()  # type: ignore[attr-defined]
-                                for view_id, view in views.items()}
-            self.rows[name] = dict(shared.rows.get(name, {}))
-            self.texts[name] = dict(shared.texts[name])
-        self.complete.add(name)
-        self.stale.add(name)
 
 
 _CACHES: WeakKeyDictionary[Engine, ProjectionCache] = WeakKeyDictionary()
@@ -224,11 +191,6 @@ def cache_for(connection: Connection, head: tuple[int, str] | None = None) -> Pr
         cache = _CACHES[connection.engine] = ProjectionCache()
     cache.begin(connection, head)
     return cache
-
-
-def shared_cache(engine: Engine) -> ProjectionCache | None:
-    """`engine`'s shared cache, if this process has one (to seed a read-only one from)."""
-    return _CACHES.get(engine)
 
 
 def forget(engine: Engine) -> None:

@@ -21,7 +21,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from events.canonical import canonical_json
-from events.projection_cache import ProjectionCache, cache_for, forget, shared_cache
+from events.projection_cache import ProjectionCache, cache_for, forget
 from events.tables import projections_table
 
 _DELETED = object()
@@ -68,8 +68,6 @@ class TableView(Protocol):
 
     `apply(key, None)` means the row is gone; the result may not depend on the order rows are
     applied in. A view copies what it keeps: the row it is given may be shared with the store.
-    A view that also has `copy()` (an independent equal view) lets a read-only transaction
-    start from the process's cached one instead of building its own.
     """
 
     def apply(self, key: str, value: dict[str, Any] | None) -> None: ...
@@ -151,7 +149,7 @@ class SqlProjections:
         self._pending: dict[tuple[str, str], Any] = {}
         self._shared = bool(connection.get_execution_options().get("fleet_write", False))
         self._cache = (cache_for(connection, head) if self._shared
-                       else ProjectionCache(seed_from=shared_cache(connection.engine)))
+                       else ProjectionCache())
 
     def get(self, name: str, key: str) -> dict[str, Any] | None:
         value = self._cache.row(name, key, self._load, self._stored)

@@ -57,16 +57,6 @@ class GpuIndex:
         self._sets: dict[tuple[str, ...], frozenset[str]] = {}
         self._inventory: list[GPU] | None = None
 
-    def copy(self) -> GpuIndex:
-        """An independent index equal to this one (a snapshot starts from it)."""
-        twin = GpuIndex(self.usable_fraction)
-        twin._nodes, twin._built = dict(self._nodes), dict(self._built)
-        twin._groups = {signature: set(members) for signature, members in self._groups.items()}
-        twin._signatures, twin._free_values = dict(self._signatures), Counter(self._free_values)
-        twin._unclean, twin._sets = set(self._unclean), dict(self._sets)
-        twin._inventory = self._inventory  # never changed in place, only replaced
-        return twin
-
     def _frozen(self, values: list[str]) -> frozenset[str]:
         key = tuple(values)
         found = self._sets.get(key)

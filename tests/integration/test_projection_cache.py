@@ -203,7 +203,7 @@ def test_views_kept_across_other_appends_equal_views_built_from_the_stored_rows(
     with deciding.transaction() as tx:  # the head moved: the cached index is brought up to date
         assert same_index(gpu_index(tx.projections, 0.9), fresh_index(tx))
     decide_elsewhere(database_url, place("r3"))
-    with read_only(deciding) as snapshot:  # starts from a copy of the shared index
+    with read_only(deciding) as snapshot:  # builds its own index, from the stored rows
         seeded = gpu_index(snapshot.projections, 0.9)
         assert same_index(seeded, fresh_index(snapshot))
         node = snapshot.projections.get(NODE, "n2")  # a node r3 did not change
