@@ -14,6 +14,7 @@ from controlplane.errors import FieldProblem, SubmissionRejected
 from controlplane.handlers import EFFECTS, PRECHECKS
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import ENTITY, PENDING, apply_event
+from events.database import in_lists
 from events.model import NewEvent, StreamAppend, derived_event_id
 from events.projections import SqlProjections
 from events.store import EventStore, LogTransaction
@@ -85,9 +86,8 @@ def precheck(tx: LogTransaction, commands: Sequence[CommandBase],
 
 def _stored_event_ids(tx: LogTransaction, event_ids: list[str]) -> set[str]:
     found: set[str] = set()
-    for start in range(0, len(event_ids), 500):
-        query = select(events_table.c.event_id).where(
-            events_table.c.event_id.in_(event_ids[start:start + 500]))
+    for chunk in in_lists(event_ids):
+        query = select(events_table.c.event_id).where(events_table.c.event_id.in_(chunk))
         found.update(tx.connection.execute(query).scalars())
     return found
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config
@@ -16,6 +17,15 @@ MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Any constant works; every process that migrates PostgreSQL takes the same advisory lock.
 PG_MIGRATION_LOCK_KEY = 7_214_553_901
+T = TypeVar("T")
+# Values bound into one IN (...) list, kept well under every driver's parameter limit.
+IN_LIST_SIZE = 500
+
+
+def in_lists(values: Sequence[T]) -> Iterator[Sequence[T]]:
+    """`values` in slices of at most `IN_LIST_SIZE`, one per IN (...) query."""
+    for start in range(0, len(values), IN_LIST_SIZE):
+        yield values[start:start + IN_LIST_SIZE]
 
 
 def is_sqlite(engine: Engine) -> bool:

@@ -23,17 +23,16 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 
-from events.tables import log_head_table
+from events.tables import HEAD
 
 if TYPE_CHECKING:
     from events.projections import TableView
 
 # A long-lived process keeps at most this many decoded rows; beyond it, rows are read again.
 MAX_CACHED_ROWS = 50_000
-_HEAD = select(log_head_table.c.position, log_head_table.c.hash).where(log_head_table.c.id == 1)
 
 Row = dict[str, Any]
 Stored = Callable[[str], dict[str, str]]
@@ -71,7 +70,7 @@ class ProjectionCache:
 
     def begin(self, connection: Connection, head: tuple[int, str] | None) -> None:
         """Start a write transaction: trust the cache only if the log is where it was settled."""
-        position, head_hash = head if head is not None else connection.execute(_HEAD).one()
+        position, head_hash = head if head is not None else connection.execute(HEAD).one()
         if self.dirty or self.head != (position, head_hash):
             self._keep_only_viewed(stale=True)
         elif self.size > MAX_CACHED_ROWS:
@@ -80,7 +79,7 @@ class ProjectionCache:
 
     def settle(self, connection: Connection, head: tuple[int, str] | None) -> None:
         """The transaction wrote everything: the cache now mirrors the log at its new head."""
-        position, head_hash = head if head is not None else connection.execute(_HEAD).one()
+        position, head_hash = head if head is not None else connection.execute(HEAD).one()
         self.head, self.dirty = (position, head_hash), False
 
     def flushed(self, name: str, key: str, text: str) -> None:

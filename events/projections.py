@@ -21,12 +21,11 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from events.canonical import canonical_json
+from events.database import in_lists
 from events.projection_cache import ProjectionCache, cache_for, forget
 from events.tables import projections_table
 
 _DELETED = object()
-_GET_ROW = select(projections_table.c.data).where(
-    projections_table.c.name == bindparam("row_name"), projections_table.c.key == bindparam("row_key"))
 _GET_ROWS = select(projections_table.c.key, projections_table.c.data).where(
     projections_table.c.name == bindparam("row_name"),
     projections_table.c.key.in_(bindparam("row_keys", expanding=True)))
@@ -156,8 +155,7 @@ class SqlProjections:
         return dict(value) if value is not None else None
 
     def _load(self, name: str, key: str) -> dict[str, Any] | None:
-        text = self.connection.execute(_GET_ROW, {"row_name": name, "row_key": key}).scalar()
-        return json.loads(text) if text is not None else None
+        return self._load_many(name, [key]).get(key)
 
     def prefetch(self, keys: Iterable[tuple[str, str]]) -> None:
         """Read the rows `keys` (name, key) names in one query per projection, ahead of `get`.
@@ -173,9 +171,8 @@ class SqlProjections:
 
     def _load_many(self, name: str, keys: list[str]) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
-        for start in range(0, len(keys), 500):
-            rows = self.connection.execute(_GET_ROWS, {"row_name": name,
-                                                       "row_keys": keys[start:start + 500]})
+        for chunk in in_lists(keys):
+            rows = self.connection.execute(_GET_ROWS, {"row_name": name, "row_keys": chunk})
             found.update((key, json.loads(text)) for key, text in rows)
         return found
 

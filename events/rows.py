@@ -10,6 +10,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, RowMapping
 
 from events.canonical import canonical_json
+from events.database import in_lists
 from events.model import NewEvent, RecordedEvent
 from events.tables import events_table
 
@@ -54,9 +55,8 @@ def events_by_command(connection: Connection, command_ids: Sequence[str],
     grouped: dict[str, list[RecordedEvent]] = {command_id: [] for command_id in command_ids}
     ids = list(grouped)
     query = _EVENTS_BY_COMMAND if excluded_type is None else _EVENTS_BY_COMMAND_EXCEPT
-    for start in range(0, len(ids), 500):
-        rows = connection.execute(query, {"command_ids": ids[start:start + 500],
-                                          "excluded_type": excluded_type})
+    for chunk in in_lists(ids):
+        rows = connection.execute(query, {"command_ids": chunk, "excluded_type": excluded_type})
         for row in rows:
             event = from_row(row)
             grouped[event.command_id or ""].append(event)

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, bindparam, func, select, update
 from sqlalchemy.engine import Connection
 
 from events.canonical import chain_hash
-from events.database import is_sqlite
+from events.database import in_lists, is_sqlite
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.model import (
     EVENT_NAMESPACE,
@@ -24,17 +24,14 @@ from events.model import (
 )
 from events.projections import SqlProjections
 from events.rows import COLUMNS, events_by_command, from_row, header_of, row_for, to_recorded
-from events.tables import events_table, log_head_table
+from events.tables import HEAD, events_table, log_head_table
 
 READ_CHUNK = 2_000
 MAX_KNOWN_VERSIONS = 100_000
 
 # Statements built once: the append path runs them for every decision.
-_MAX_VERSION = select(func.max(events_table.c.stream_version)).where(
-    events_table.c.stream_id == bindparam("stream_id"))
 _INSERT_EVENTS = events_table.insert()
-_HEAD = select(log_head_table.c.position, log_head_table.c.hash).where(log_head_table.c.id == 1)
-_LOCK_HEAD = _HEAD.with_for_update()
+_LOCK_HEAD = HEAD.with_for_update()
 _UPDATE_HEAD = update(log_head_table).where(log_head_table.c.id == 1).values(
     position=bindparam("head_position"), hash=bindparam("head_hash"))
 _EVENTS_BY_ID = select(events_table).where(
@@ -66,11 +63,9 @@ class LogTransaction:
 
     def stream_version(self, stream_id: str) -> int:
         """The stream's current version, 0 for a stream with no events."""
-        version = self._versions.get(stream_id)
-        if version is None:
-            found = self.connection.execute(_MAX_VERSION, {"stream_id": stream_id}).scalar()
-            version = self._versions[stream_id] = found or 0
-        return version
+        if stream_id not in self._versions:
+            self.prefetch_versions([stream_id])
+        return self._versions[stream_id]
 
     def prefetch_versions(self, stream_ids: Sequence[str]) -> None:
         """Read the versions of streams a batch is about to use in one query, not one each.
@@ -78,8 +73,7 @@ class LogTransaction:
         Read under the append lock, so each is exact until this transaction appends.
         """
         wanted = [s for s in dict.fromkeys(stream_ids) if s not in self._versions]
-        for start in range(0, len(wanted), 500):
-            chunk = wanted[start:start + 500]
+        for chunk in in_lists(wanted):
             rows = self.connection.execute(_MAX_VERSIONS, {"stream_ids": chunk})
             found = {stream_id: version for stream_id, version in rows}
             for stream_id in chunk:
@@ -186,8 +180,8 @@ class LogTransaction:
         for event_id in ids:
             if event_id in buffered:
                 found[event_id] = to_recorded(buffered[event_id])
-        for start in range(0, len(ids), 500):
-            rows = self.connection.execute(_EVENTS_BY_ID, {"event_ids": ids[start:start + 500]})
+        for chunk in in_lists(ids):
+            rows = self.connection.execute(_EVENTS_BY_ID, {"event_ids": chunk})
             for row in rows.mappings():
                 found[row["event_id"]] = to_recorded(row)
         if not found:
@@ -223,7 +217,7 @@ class EventStore:
         """A write transaction holding the append lock; commits on success, else rolls back."""
         with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
             # SQLite: BEGIN IMMEDIATE took the lock; PostgreSQL: the head row's lock.
-            head = conn.execute(_HEAD if is_sqlite(self.engine) else _LOCK_HEAD).one()
+            head = conn.execute(HEAD if is_sqlite(self.engine) else _LOCK_HEAD).one()
             tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
             if self._known_head == (head.position, head.hash):
                 tx._versions = dict(self._known_versions)
@@ -241,7 +235,7 @@ class EventStore:
 
     def head(self) -> tuple[int, str]:
         with self.engine.connect() as conn:
-            row = conn.execute(select(log_head_table.c.position, log_head_table.c.hash)).one()
+            row = conn.execute(HEAD).one()
             return int(row.position), str(row.hash)
 
     def read_stream(self, stream_id: str, from_version: int = 0) -> list[RecordedEvent]:

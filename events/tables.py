@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, Index, Text, UniqueConstraint, select
 from sqlmodel import Field, SQLModel
 
 
@@ -57,3 +57,5 @@ class ProjectionRow(SQLModel, table=True):
 events_table = EventRow.__table__  # type: ignore[attr-defined]
 log_head_table = LogHeadRow.__table__  # type: ignore[attr-defined]
 projections_table = ProjectionRow.__table__  # type: ignore[attr-defined]
+# The log head: the last position and hash, read by every transaction.
+HEAD = select(log_head_table.c.position, log_head_table.c.hash).where(log_head_table.c.id == 1)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import text
 
 from controlplane.commands import command_adapter
 from controlplane.faults.invariants import gpu_holds
@@ -26,7 +26,7 @@ from controlplane.state.fold import apply_event
 from controlplane.state.gpu_index import GpuIndex, gpu_index
 from events.projections import MemoryProjections, drop_all, load_all
 from events.store import EventStore, LogTransaction
-from events.tables import log_head_table
+from events.tables import HEAD
 from tests.factories import place_replica as place
 from tests.factories import register_model, register_node
 from tests.fleet_helpers import assert_replay_exact, run
@@ -153,8 +153,7 @@ def read_only(store: EventStore) -> Iterator[LogTransaction]:
     """A transaction without the append lock, rolled back at the end; its projections keep a
     cache of their own."""
     with store.engine.connect() as conn, conn.begin() as transaction:
-        position, head_hash = conn.execute(select(log_head_table.c.position,
-                                                  log_head_table.c.hash)).one()
+        position, head_hash = conn.execute(HEAD).one()
         yield LogTransaction(conn, position, head_hash)
         transaction.rollback()
 
