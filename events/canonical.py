@@ -1,4 +1,19 @@
-"""Canonical JSON and the hash chain: the one serialisation the log hashes and stores."""
+"""Canonical JSON and the hash chain: the one serialisation the log hashes and stores.
+
+Canonical JSON is plain data (dict with str keys, list, str, int, float, bool, None) with keys
+sorted, no whitespace, UTF-8 text, and never a NaN or an infinity. It is rendered by orjson and
+checked: the text is decoded again and must equal the value, which refuses NaN (orjson would
+write `null`) and anything that is not plain data. A value that is not plain but that the
+standard library would serialise (tuples, int keys) is first made plain through `json`, so
+equal plain values always give the same text. Integers beyond 64 bits, which orjson does not
+write, keep the standard library's text. Producing the text and the decoded value together
+(`encode`) spares the appender decoding what it has just written.
+
+The hashed envelope header's text must never change (verifying a stored log recomputes it): it
+is the standard library's sorted compact JSON. orjson writes the very same bytes for its values
+(str, int, None; every Unicode character is escaped alike, which a test checks code point by
+code point), so it renders them, and the standard library takes anything else.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +21,43 @@ import hashlib
 import json
 from typing import Any
 
+import orjson
+
 GENESIS_HASH = "0" * 64
+# One encoder for every call: `json.dumps` with options builds a new one each time.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                            allow_nan=False)
+_SORTED = orjson.OPT_SORT_KEYS
+_HEADER_TYPES = frozenset((str, int, type(None)))
+
+
+def _rendered(value: Any) -> tuple[str, Any] | None:
+    """orjson's text of `value` and its decoding, if that decodes back to an equal value."""
+    try:
+        raw = orjson.dumps(value, option=_SORTED)
+    except (TypeError, orjson.JSONEncodeError):
+        return None
+    decoded = orjson.loads(raw)
+    return (raw.decode("utf-8"), decoded) if decoded == value else None
+
+
+def encode(value: Any) -> tuple[str, Any]:
+    """`value`'s canonical text and the plain value a reader decodes from it.
+
+    Raises ValueError for NaN or infinity and TypeError for what JSON cannot hold, as
+    `json.dumps` does.
+    """
+    rendered = _rendered(value)
+    if rendered is not None:
+        return rendered
+    text = _ENCODER.encode(value)  # refuses what is not JSON, names why
+    plain = json.loads(text)
+    return _rendered(plain) or (text, plain)
 
 
 def canonical_json(value: Any) -> str:
     """Serialise `value` with sorted keys, no spaces and UTF-8 text; NaN and infinity are refused."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    return encode(value)[0]
 
 
 def digest(value: Any) -> str:
@@ -20,14 +65,25 @@ def digest(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
 
 
-def chain_hash(prev_hash: str, header: dict[str, Any], data_json: str) -> str:
-    """`sha256(prev_hash || canonical(header) || "\\n" || canonical(data))` as hex.
+def header_json(header: dict[str, Any]) -> bytes:
+    """The envelope header as the standard library's sorted compact JSON, in UTF-8."""
+    if all(type(value) in _HEADER_TYPES for value in header.values()):
+        try:
+            return orjson.dumps(header, option=_SORTED)
+        except orjson.JSONEncodeError:  # an int beyond 64 bits, a lone surrogate
+            pass
+    return _ENCODER.encode(header).encode("utf-8")
 
-    The header is every envelope field but `data`, `prev_hash` and `hash`; `data_json` is the
-    canonical text stored in the row, so verification hashes exactly the bytes that were stored.
+
+def chain_hash(prev_hash: str, header: dict[str, Any], data_json: str) -> str:
+    """`sha256(prev_hash || header_json || "\\n" || data_json)` as hex.
+
+    The header is every envelope field but `data`, `prev_hash` and `hash` (`header_json`);
+    `data_json` is the canonical text stored in the row, so verification hashes exactly the
+    bytes that were stored.
     """
     hasher = hashlib.sha256(prev_hash.encode("ascii"))
-    hasher.update(canonical_json(header).encode("utf-8"))
+    hasher.update(header_json(header))
     hasher.update(b"\n")
     hasher.update(data_json.encode("utf-8"))
     return hasher.hexdigest()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -9,11 +10,21 @@ from typing import Any
 
 # Event ids derived from a command id are stable, so handling a command twice yields the same ids.
 EVENT_NAMESPACE = uuid.UUID("6f1c2a4e-9d3b-4c8e-a1f0-2b7d5e9c3a10")
+_NAMESPACE_BYTES = EVENT_NAMESPACE.bytes
 
 
 def derived_event_id(command_id: str, slot: str) -> str:
-    """A UUID that depends only on the command id and the event's slot in its decision."""
-    return str(uuid.uuid5(EVENT_NAMESPACE, f"{command_id}/{slot}"))
+    """A UUID that depends only on the command id and the event's slot in its decision.
+
+    It is `str(uuid.uuid5(EVENT_NAMESPACE, f"{command_id}/{slot}"))`, computed without building
+    UUID objects (every decision derives several): SHA-1 of namespace and name, the first 16
+    bytes with the version (5) and RFC 4122 variant bits set.
+    """
+    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + f"{command_id}/{slot}".encode()).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50
+    digest[8] = (digest[8] & 0x3F) | 0x80
+    text = digest.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
 @dataclass(frozen=True)

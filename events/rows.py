@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, RowMapping
 
-from events.canonical import canonical_json
+from events.canonical import encode
 from events.database import in_lists
 from events.model import NewEvent, RecordedEvent
 from events.tables import events_table
@@ -44,8 +44,14 @@ def from_row(row: Sequence[Any]) -> RecordedEvent:
 
 
 def to_recorded(row: RowMapping | dict[str, Any]) -> RecordedEvent:
+    """A stored row, read by column name, as an event."""
+    return with_data(row, json.loads(row["data"]))
+
+
+def with_data(row: RowMapping | dict[str, Any], data: dict[str, Any]) -> RecordedEvent:
+    """The row as an event whose data is `data`: the row's text, decoded (by its writer)."""
     values = dict(row)
-    values["data"] = json.loads(values["data"])
+    values["data"] = data
     return RecordedEvent(**values)
 
 
@@ -64,13 +70,15 @@ def events_by_command(connection: Connection, command_ids: Sequence[str],
 
 
 def row_for(new: NewEvent, stream_id: str, version: int, position: int,
-            recorded_at: str) -> dict[str, Any]:
-    """The row that stores `new` at its place (hashes are added by the appender)."""
+            recorded_at: str) -> tuple[dict[str, Any], Any]:
+    """The row that stores `new` at its place (hashes are added by the appender), and its data
+    as a reader of the log decodes it."""
+    text, data = encode(new.data)
     return {
         "position": position, "stream_id": stream_id, "stream_version": version,
         "event_id": new.event_id, "event_type": new.event_type,
-        "schema_version": new.schema_version, "data": canonical_json(new.data),
+        "schema_version": new.schema_version, "data": text,
         "command_id": new.command_id, "causation_id": new.causation_id,
         "correlation_id": new.correlation_id, "actor": new.actor, "tenant": new.tenant,
         "occurred_at": new.occurred_at, "recorded_at": recorded_at,
-    }
+    }, data

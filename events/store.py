@@ -23,7 +23,15 @@ from events.model import (
     StreamAppend,
 )
 from events.projections import SqlProjections
-from events.rows import COLUMNS, events_by_command, from_row, header_of, row_for, to_recorded
+from events.rows import (
+    COLUMNS,
+    events_by_command,
+    from_row,
+    header_of,
+    row_for,
+    to_recorded,
+    with_data,
+)
 from events.tables import HEAD, events_table, log_head_table
 
 READ_CHUNK = 2_000
@@ -110,6 +118,7 @@ class LogTransaction:
             if existing is not None:
                 return existing
         rows: list[dict[str, Any]] = []
+        decoded: list[Any] = []
         recorded_at = datetime.now(UTC).isoformat(timespec="microseconds")
         position, prev_hash = self.head_position, self.head_hash
         for batch in appends:
@@ -119,25 +128,28 @@ class LogTransaction:
             for new in batch.events:
                 position += 1
                 version += 1
-                row = row_for(new, batch.stream_id, version, position, recorded_at)
+                row, data = row_for(new, batch.stream_id, version, position, recorded_at)
                 row["prev_hash"] = prev_hash
                 row["hash"] = prev_hash = chain_hash(prev_hash, header_of(row), row["data"])
                 rows.append(row)
+                decoded.append(data)
             self._versions[batch.stream_id] = version
         if not rows:
             return []
         if self.checkpoint_every:
             checkpoint = self._checkpoint_row(rows, recorded_at)
             if checkpoint is not None:
-                rows.append(checkpoint)
-                position, prev_hash = checkpoint["position"], checkpoint["hash"]
+                rows.append(checkpoint[0])
+                decoded.append(checkpoint[1])
+                position, prev_hash = checkpoint[0]["position"], checkpoint[0]["hash"]
         self._buffer.extend(rows)
         self.head_position, self.head_hash = position, prev_hash
-        recorded = [to_recorded(row) for row in rows]
+        recorded = [with_data(row, data) for row, data in zip(rows, decoded, strict=True)]
         self.appended.extend(recorded)
         return recorded
 
-    def _checkpoint_row(self, rows: list[dict[str, Any]], recorded_at: str) -> dict[str, Any] | None:
+    def _checkpoint_row(self, rows: list[dict[str, Any]],
+                        recorded_at: str) -> tuple[dict[str, Any], Any] | None:
         """A checkpoint after this batch when it crosses a multiple of `checkpoint_every`.
 
         It carries the log size and the Merkle root of every event hash since the previous
@@ -159,10 +171,10 @@ class LogTransaction:
         new = NewEvent(event_id=str(uuid.uuid5(EVENT_NAMESPACE, f"checkpoint/{last}")),
                        event_type=CHECKPOINT_EVENT, data=data, occurred_at=rows[-1]["occurred_at"],
                        actor="log", tenant="system")
-        row = row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at)
+        row, decoded = row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at)
         row["prev_hash"] = rows[-1]["hash"]
         row["hash"] = chain_hash(row["prev_hash"], header_of(row), row["data"])
-        return row
+        return row, decoded
 
     def _last_checkpoint_position(self) -> int:
         query = select(func.max(events_table.c.position)).where(

@@ -17,6 +17,7 @@ from redis import Redis
 from rq import SimpleWorker, Worker
 from rq.serializers import JSONSerializer
 
+from controlplane.runtime import collect_garbage_less_often
 from controlplane.settings import Settings
 from workers.queue import command_queue
 
@@ -48,6 +49,7 @@ def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
     Forking workers run each job in a child process, so a job killed mid-batch never takes the
     worker with it; the in-process worker serves the embedded fake Redis, which is per process.
     """
+    collect_garbage_less_often()
     worker_class: type[Worker] | type[SimpleWorker] = FleetWorker if forking else FleetSimpleWorker
     worker = worker_class([command_queue(connection, name) for name in queues],
                           connection=connection, serializer=JSONSerializer)

@@ -19,6 +19,7 @@ from controlplane.cli.replay_cmd import replay
 from controlplane.cli.simulate import simulate
 from controlplane.errors import FleetError, SubmissionRejected
 from controlplane.logging import configure_logging
+from controlplane.runtime import collect_garbage_less_often
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,6 +27,7 @@ from controlplane.logging import configure_logging
 def cli(log_level: str | None) -> None:
     """Fleet control plane for LLM inference: decide, record, replay, explain."""
     configure_logging(log_level)
+    collect_garbage_less_often()
 
 
 for command in (demo, fit, plan, init, submit, worker, up, reconcile, status, log_command, explain, verify,

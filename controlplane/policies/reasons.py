@@ -41,7 +41,9 @@ def require(condition: bool, code: str, field: str, message: str) -> None:
         raise PolicyInputError(code, field, message)
 
 
-_SCALARS = (str, int, bool, type(None))
+_SCALARS = frozenset((str, int, bool, type(None)))
+# Each dataclass's field names, looked up once per class rather than once per value.
+_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
 def to_plain(value: Any) -> Any:
@@ -51,18 +53,27 @@ def to_plain(value: Any) -> Any:
     NaN or an infinity (a non-finite float raises ValueError instead of leaking into the log).
     """
     kind = type(value)
-    if kind in _SCALARS:
-        return value.value if isinstance(value, Enum) else value
+    if kind in _SCALARS:  # exact types only: an enum member's type is its enum
+        return value
+    if kind is dict:
+        return {key if type(key) is str else str(key): to_plain(item)
+                for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [to_plain(item) for item in value]
     if kind is float:
         if not math.isfinite(value):
             raise ValueError(f"non-finite number {value!r} in a decision")
         return value
-    if kind is dict:
-        return {str(key): to_plain(item) for key, item in value.items()}
-    if kind is list or kind is tuple:
-        return [to_plain(item) for item in value]
-    if hasattr(kind, "__dataclass_fields__") and not isinstance(value, type):
-        return {name: to_plain(getattr(value, name)) for name in kind.__dataclass_fields__}
+    fields = _FIELDS.get(kind)
+    if fields is None and hasattr(kind, "__dataclass_fields__") and not isinstance(value, type):
+        fields = _FIELDS[kind] = tuple(kind.__dataclass_fields__)
+    if fields is not None:
+        return {name: to_plain(getattr(value, name)) for name in fields}
+    return _to_plain_other(value)
+
+
+def _to_plain_other(value: Any) -> Any:
+    """The rarer kinds: enums, other mappings and sequences, sets, subclassed scalars."""
     if isinstance(value, Enum):
         return to_plain(value.value)
     if isinstance(value, Mapping):

@@ -1,0 +1,120 @@
+"""The log's encodings: canonical JSON, the hashed header text, derived event ids.
+
+The fast paths (orjson, a hand-built UUIDv5) must agree with the definitions they replace.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from events.canonical import canonical_json, digest, encode, header_json
+from events.model import EVENT_NAMESPACE, derived_event_id
+
+plain_scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text()
+                 | st.floats(allow_nan=False, allow_infinity=False))
+plain_values = st.recursive(plain_scalars, lambda inner: st.lists(inner, max_size=4)
+                            | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20)
+
+
+def _sorted_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    assert keys == sorted(keys)
+    return dict(pairs)
+
+
+@given(plain_values)
+def test_canonical_text_decodes_to_the_value_with_sorted_keys(value: Any) -> None:
+    text, decoded = encode(value)
+    assert json.loads(text, object_pairs_hook=_sorted_pairs) == value == decoded
+    assert canonical_json(decoded) == text  # the decoded value gives the same text again
+
+
+def _with_tuples(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_with_tuples(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _with_tuples(item) for key, item in value.items()}
+    return value
+
+
+@given(plain_values)
+def test_same_plain_value_gives_the_same_text_however_it_is_built(value: Any) -> None:
+    assert canonical_json(_with_tuples(value)) == canonical_json(value)
+    assert canonical_json((value, 1e-05)) == canonical_json([value, 1e-05])
+
+
+def test_int_keys_and_tuples_are_written_as_plain_json() -> None:
+    assert canonical_json({2: (1, 2), 10: "x"}) == '{"10":"x","2":[1,2]}'
+    assert encode({2: (1, 2)})[1] == {"2": [1, 2]}
+
+
+def test_integers_beyond_64_bits_keep_their_exact_value() -> None:
+    big = {"n": 2**80, "m": -(2**70)}
+    text, decoded = encode(big)
+    assert text == '{"m":-1180591620717411303424,"n":1208925819614629174706176}'
+    assert decoded == big
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("shape", [lambda x: x, lambda x: [1, x], lambda x: {"a": {"b": [x]}},
+                                   lambda x: ({"a": x},)])
+def test_nan_and_infinity_are_refused_wherever_they_hide(bad: float, shape: Any) -> None:
+    with pytest.raises(ValueError):
+        canonical_json(shape(bad))
+
+
+class Colour(Enum):
+    RED = "red"
+
+
+@dataclass
+class Point:
+    x: int
+
+
+@pytest.mark.parametrize("value", [Point(1), datetime(2026, 1, 1, tzinfo=UTC), {1, 2}, Colour.RED,
+                                   {"nested": [Point(1)]}, object()])
+def test_values_that_are_not_json_are_refused(value: Any) -> None:
+    with pytest.raises(TypeError):
+        canonical_json(value)
+
+
+def test_a_lone_surrogate_never_reaches_the_log() -> None:
+    with pytest.raises(UnicodeEncodeError):
+        digest({"text": "\ud800"})
+
+
+def test_header_text_is_the_standard_library_text_for_every_character() -> None:
+    characters = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    for start in range(0, len(characters), 4096):
+        chunk = characters[start:start + 4096]
+        header = {f"k{i:05d}": c for i, c in enumerate(chunk)}
+        assert header_json(header) == json.dumps(
+            header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+headers = st.dictionaries(st.text(min_size=1, max_size=20),
+                          st.none() | st.text() | st.integers() | st.booleans()
+                          | st.floats(allow_nan=False, allow_infinity=False), max_size=14)
+
+
+@given(headers)
+def test_header_text_never_changes_whatever_the_values(header: dict[str, Any]) -> None:
+    assert header_json(header) == json.dumps(
+        header, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+@given(st.text(), st.text())
+def test_derived_event_ids_are_uuid5_of_command_and_slot(command_id: str, slot: str) -> None:
+    assert derived_event_id(command_id, slot) == str(uuid.uuid5(EVENT_NAMESPACE,
+                                                                f"{command_id}/{slot}"))
