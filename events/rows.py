@@ -37,10 +37,22 @@ _DATA = COLUMNS.index("data")
 assert list(COLUMNS) == list(RecordedEvent.__dataclass_fields__)
 
 
+_new_object = object.__new__
+
+
+def _event(fields: dict[str, Any]) -> RecordedEvent:
+    """A RecordedEvent of exactly its fields, set without the frozen dataclass's per-field
+    `object.__setattr__` (half the cost of building one; replay builds one per stored row)."""
+    event: RecordedEvent = _new_object(RecordedEvent)
+    event.__dict__.update(fields)
+    return event
+
+
 def from_row(row: Sequence[Any]) -> RecordedEvent:
     """A stored row, read as a tuple of every column in table order, as an event."""
-    return RecordedEvent(*row[:_DATA], json.loads(row[_DATA]),  # type: ignore[call-arg]
-                         *row[_DATA + 1:])
+    fields = dict(zip(COLUMNS, row, strict=True))
+    fields["data"] = json.loads(fields["data"])
+    return _event(fields)
 
 
 def to_recorded(row: RowMapping | dict[str, Any]) -> RecordedEvent:
@@ -50,9 +62,9 @@ def to_recorded(row: RowMapping | dict[str, Any]) -> RecordedEvent:
 
 def with_data(row: RowMapping | dict[str, Any], data: dict[str, Any]) -> RecordedEvent:
     """The row as an event whose data is `data`: the row's text, decoded (by its writer)."""
-    values = dict(row)
-    values["data"] = data
-    return RecordedEvent(**values)
+    fields = {name: row[name] for name in COLUMNS}
+    fields["data"] = data
+    return _event(fields)
 
 
 def events_by_command(connection: Connection, command_ids: Sequence[str],
