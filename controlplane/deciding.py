@@ -14,6 +14,7 @@ memory assessments 786/792/804 with, 811/1,068/1,129 without).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,8 @@ def decide_batch(store: EventStore, prepared: list[Prepared],
 def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBook) -> list[Outcome]:
     """Decide each command against `tx`'s state, the rows and versions it names read ahead."""
     outcomes = []
+    batch_log = log.bind()  # bound once per batch, and each decision's line built only if kept
+    detailed = batch_log.is_enabled_for(logging.INFO)
     # Decided since `_prepare` read the inbox, by another worker: checked under the lock.
     decided_meanwhile = tx.events_for_commands([p.command_id for p in prepared], ACCEPTED)
     tx.prefetch_versions([key for p in prepared for key in _streams_hinted(p.command)])
@@ -90,7 +93,7 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
     for item in prepared:
         decided = decided_meanwhile.get(item.command_id)
         if decided:
-            log.info("command_already_decided", command_id=item.command_id)
+            batch_log.info("command_already_decided", command_id=item.command_id)
             outcomes.append(Outcome(item.command_id, False, tuple(decided)))
             continue
         context = DecisionContext(tx.projections, tx.head_position, tx.stream_version, policies,
@@ -100,9 +103,10 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
                              check_existing=False)
         for event in appended:
             apply_event(tx.projections, event)
-        log.info("command_decided", command_id=item.command_id,
-                 stream_ids=sorted({e.stream_id for e in appended}),
-                 event_ids=[e.event_id for e in appended])
+        if detailed:
+            batch_log.info("command_decided", command_id=item.command_id,
+                           stream_ids=sorted({e.stream_id for e in appended}),
+                           event_ids=[e.event_id for e in appended])
         outcomes.append(Outcome(item.command_id, True, tuple(appended)))
     return outcomes
 

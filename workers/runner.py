@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import structlog
 from fakeredis import TcpFakeServer
 from redis import Redis
+from redis.client import Pipeline
 from rq import SimpleWorker, Worker
+from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 
 from controlplane.runtime import collect_garbage_less_often
@@ -22,6 +27,10 @@ from controlplane.settings import Settings
 from workers.queue import command_queue
 
 log = structlog.get_logger(__name__)
+# A retried job whose back-off has ended is put back on its queue within about this long.
+RETRY_POLL_SECONDS = 1.0
+# An idle worker wakes this often (RQ's default is 405 s) to put due retries back.
+IDLE_WAKE_SECONDS = 5
 
 
 class _ToleratesEmbeddedRedis:
@@ -35,7 +44,48 @@ class _ToleratesEmbeddedRedis:
 
 
 class FleetWorker(_ToleratesEmbeddedRedis, Worker):
-    """A forking RQ worker: each job runs in a child the worker outlives."""
+    """A forking RQ worker: each job runs in a child the worker outlives.
+
+    It also delivers retries. RQ parks a job that failed (or whose work horse died) in the
+    queue's ScheduledJobRegistry until its back-off ends, and only a scheduler puts it back on
+    the queue; RQ's own scheduler is another process, which would outlive a killed worker. So
+    each worker, from its heartbeat and at most once per RETRY_POLL_SECONDS, takes RQ's
+    scheduler lock for its queues (one worker at a time does it), enqueues the due jobs and
+    lets the lock go; an idle worker wakes every IDLE_WAKE_SECONDS for it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._retries_checked_at = 0.0
+        self._owner_pid = os.getpid()
+        self._retry_scheduler: RQScheduler | None = None
+
+    @property
+    def dequeue_timeout(self) -> int:
+        return min(super().dequeue_timeout, IDLE_WAKE_SECONDS)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
+        super().heartbeat(timeout, pipeline)
+        # Not inside RQ's pipelines, and never in a work horse (a fork of this worker).
+        if pipeline is None and os.getpid() == self._owner_pid:
+            self.deliver_due_retries()
+
+    def deliver_due_retries(self) -> None:
+        """Put jobs whose retry back-off has ended back on their queues."""
+        clock = time.monotonic()
+        if clock - self._retries_checked_at < RETRY_POLL_SECONDS:
+            return
+        self._retries_checked_at = clock
+        if self._retry_scheduler is None:
+            self._retry_scheduler = RQScheduler(self.queues, connection=self.connection,
+                                                serializer=self.serializer,
+                                                logging_level=logging.WARNING)
+        scheduler = self._retry_scheduler
+        if scheduler.acquire_locks():  # type: ignore[no-untyped-call]
+            try:
+                scheduler.enqueue_scheduled_jobs()  # type: ignore[no-untyped-call]
+            finally:
+                scheduler.release_locks()  # type: ignore[no-untyped-call]
 
 
 class FleetSimpleWorker(_ToleratesEmbeddedRedis, SimpleWorker):

@@ -11,8 +11,10 @@ import random
 import sqlite3
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 
+from rq.exceptions import InvalidJobOperation
 from rq.job import Job, JobStatus
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
@@ -125,7 +127,10 @@ def abandon_job_to_registry_cleanup(fleet: Fleet, rng: random.Random) -> bool:
         fleet.tally.notes.append(f"violation: registry cleanup left job {job_id} started")
     scheduled = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
     if job_id in scheduled.get_job_ids():
-        scheduled.requeue(job_id)  # the retry, delivered now rather than after its back-off
+        # The retry, delivered now rather than after its back-off (unless a worker's
+        # retry delivery got there first: delivered again all the same).
+        with suppress(InvalidJobOperation):
+            scheduled.requeue(job_id)
         fleet.tally.duplicates_delivered += 1
     return True
 

@@ -58,3 +58,21 @@ def test_a_batch_decides_on_state_another_writer_changed_after_it_read_the_inbox
     assert decision(store, theirs[0]).event_type == "ReplicaPlaced"
     assert decision(store, mine[0]).event_type == "PlacementRefused"
     assert_replay_exact(store)
+
+
+def test_each_decision_is_logged_at_info_level_and_not_above_it(
+        store: EventStore, capsys: Any) -> None:
+    from controlplane.logging import configure_logging
+
+    ids = accepted(store, *inventory(nodes=1, gpus_per_node=2), model())
+    try:
+        configure_logging("INFO")
+        decide(store, ids[:1])
+        info = capsys.readouterr().err
+        configure_logging("WARNING")
+        decide(store, ids[1:])
+        warning = capsys.readouterr().err
+    finally:
+        configure_logging(None)
+    assert '"command_decided"' in info and ids[0] in info
+    assert "command_decided" not in warning

@@ -1,0 +1,65 @@
+"""A job RQ retries after a back-off is delivered again by the running workers themselves.
+
+RQ parks a retried job in the ScheduledJobRegistry; without a scheduler it would wait there
+until someone ran `reconcile`. Real Redis, a real forking worker, its work horse SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from redis import Redis
+from rq import Worker
+from rq.registry import StartedJobRegistry
+
+from controlplane.commands import command_adapter
+from controlplane.service import accept, pending_command_ids
+from controlplane.settings import Settings
+from events.store import EventStore
+from tests.e2e.test_worker_killed import decision_counts, worker_process
+from tests.factories import assess_memory
+from workers.queue import command_queue, enqueue_commands
+
+pytestmark = pytest.mark.slow
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()] if path.exists() else []
+
+
+def test_a_killed_work_horse_is_retried_after_its_back_off_without_a_reconcile(
+        store: EventStore, real_redis: Redis) -> None:
+    worker = worker_process(burst=False)  # it reconciles as it starts: nothing is pending yet
+    try:
+        queue = command_queue(real_redis)
+        deadline = time.monotonic() + 30
+        while Worker.count(queue=queue) < 1:
+            assert time.monotonic() < deadline and worker.poll() is None, "the worker never started"
+            time.sleep(0.02)
+        total = 2_000
+        accepted = accept(store, [command_adapter.validate_python(
+            assess_memory(f"r{i:04d}", layers=1 + i % 50)) for i in range(total)])
+        enqueue_commands(real_redis, Settings(batch_size=total), accepted)  # one job
+
+        started = StartedJobRegistry(queue=queue)
+        while not (started.count and children(worker.pid)):
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.005)
+        for horse in children(worker.pid):
+            os.kill(horse, signal.SIGKILL)
+        assert len(pending_command_ids(store)) == total, "the kill came after the batch committed"
+
+        deadline = time.monotonic() + 60
+        while pending_command_ids(store):
+            assert time.monotonic() < deadline, "the retried job was never delivered again"
+            time.sleep(0.05)
+        counts = decision_counts(store)
+        assert len(counts) == total and set(counts.values()) == {1}
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
