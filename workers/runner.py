@@ -30,7 +30,7 @@ log = structlog.get_logger(__name__)
 # A retried job whose back-off has ended is put back on its queue within about this long.
 RETRY_POLL_SECONDS = 1.0
 # An idle worker wakes this often (RQ's default is 405 s) to put due retries back.
-IDLE_WAKE_SECONDS = 5
+IDLE_WAKE_SECONDS = 1
 
 
 class _ToleratesEmbeddedRedis:
