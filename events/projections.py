@@ -31,8 +31,9 @@ _GET_ROWS = select(projections_table.c.key, projections_table.c.data).where(
     projections_table.c.key.in_(bindparam("row_keys", expanding=True)))
 _TABLE_ROWS = select(projections_table.c.key, projections_table.c.data).where(
     projections_table.c.name == bindparam("row_name"))
-_DELETE_ROW = delete(projections_table).where(
-    projections_table.c.name == bindparam("row_name"), projections_table.c.key == bindparam("row_key"))
+_DELETE_ROWS = delete(projections_table).where(
+    projections_table.c.name == bindparam("row_name"),
+    projections_table.c.key.in_(bindparam("row_keys", expanding=True)))
 
 
 def _upsert_statement(dialect: str) -> Any:
@@ -208,12 +209,17 @@ class SqlProjections:
     def _write_pending(self) -> None:
         if not self._pending:
             return
-        deletes = [{"row_name": name, "row_key": key}
-                   for (name, key), value in self._pending.items() if value is _DELETED]
+        deletes: dict[str, list[str]] = {}
+        for (name, key), value in self._pending.items():
+            if value is _DELETED:
+                deletes.setdefault(name, []).append(key)
         upserts = [{"name": name, "key": key, "data": canonical_json(value)}
                    for (name, key), value in self._pending.items() if value is not _DELETED]
-        if deletes:
-            self.connection.execute(_DELETE_ROW, deletes)
+        # One statement per projection, not one per row: on PostgreSQL a row-by-row delete (even
+        # pipelined) took a sixth of a worker's time.
+        for name, keys in deletes.items():
+            for chunk in in_lists(keys):
+                self.connection.execute(_DELETE_ROWS, {"row_name": name, "row_keys": chunk})
         if upserts:
             statement = _UPSERT_ROWS.get(self.connection.dialect.name, _UPSERT_ROWS["sqlite"])
             self.connection.execute(statement, upserts)

@@ -73,6 +73,7 @@ def test_each_decision_is_logged_at_info_level_and_not_above_it(
         decide(store, ids[1:])
         warning = capsys.readouterr().err
     finally:
-        configure_logging(None)
+        with capsys.disabled():  # log to the real stderr again, not to this test's capture
+            configure_logging(None)
     assert '"command_decided"' in info and ids[0] in info
     assert "command_decided" not in warning
