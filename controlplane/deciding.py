@@ -24,7 +24,7 @@ from controlplane.commands import CommandBase
 from controlplane.decisions import ACCEPTED, DecisionContext
 from controlplane.handlers import HANDLERS, READS
 from controlplane.policy_book import PolicyBook
-from controlplane.state.fold import apply_event
+from controlplane.state.fold import PENDING, apply_event
 from events.model import ConcurrencyConflict, RecordedEvent
 from events.store import EventStore, LogTransaction
 
@@ -85,11 +85,15 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
     outcomes = []
     batch_log = log.bind()  # bound once per batch, and each decision's line built only if kept
     detailed = batch_log.is_enabled_for(logging.INFO)
-    # Decided since `_prepare` read the inbox, by another worker: checked under the lock.
-    decided_meanwhile = tx.events_for_commands([p.command_id for p in prepared], ACCEPTED)
+    ids = [p.command_id for p in prepared]
     tx.prefetch_versions([key for p in prepared for key in _streams_hinted(p.command)])
-    tx.projections.prefetch(row for p in prepared
-                            for row in READS.get(p.command.command_type, _no_reads)(p.command))
+    tx.projections.prefetch([*((PENDING, command_id) for command_id in ids),
+                             *(row for p in prepared
+                               for row in READS.get(p.command.command_type, _no_reads)(p.command))])
+    # Decided since `_prepare` read the inbox, by another worker: checked under the lock. A
+    # command leaves the pending index with its decision, so only those gone are looked up.
+    settled = [command_id for command_id in ids if tx.projections.get(PENDING, command_id) is None]
+    decided_meanwhile = tx.events_for_commands(settled, ACCEPTED) if settled else {}
     for item in prepared:
         decided = decided_meanwhile.get(item.command_id)
         if decided:
