@@ -32,6 +32,43 @@ def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
+# Below this many events a sequential scan is as good as any plan.
+MIN_ROWS_FOR_STATISTICS = 1_000
+_BELIEVED_ROWS = text("SELECT reltuples FROM pg_class WHERE oid = CAST('events' AS regclass)")
+
+
+class PlannerStatistics:
+    """Keeps PostgreSQL's statistics of the log's tables within a factor of two of their size.
+
+    PostgreSQL plans the log's IN-list reads (a batch's commands, its streams' versions, its
+    projection rows) from the tables' statistics. Autovacuum takes them at most once a minute,
+    and only once a tenth of a table has changed, so a log that grows fast (a new fleet, a
+    benchmark) was read with sequential scans that grew with it: 17 ms instead of 1.8 ms for a
+    batch's 500 commands on a 60,000-event log (EXPLAIN ANALYZE), much of it under the append
+    lock. After a commit, when the log has more than doubled since the planner last counted it,
+    the writer that notices runs ANALYZE (which blocks neither reads nor appends): about
+    twenty times over a log's first billion events. SQLite's planner needs no statistics here.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.enabled = engine.dialect.name == "postgresql"
+        self._believed_rows: float | None = None  # the planner's count, as last read
+
+    def after_commit(self, log_size: int) -> None:
+        if not self.enabled or log_size < MIN_ROWS_FOR_STATISTICS:
+            return
+        if self._believed_rows is not None and log_size <= 2 * self._believed_rows:
+            return
+        with self.engine.connect() as conn:
+            believed = float(conn.execute(_BELIEVED_ROWS).scalar() or -1)
+            if believed * 2 < log_size:  # -1: never analysed
+                conn.execute(text("ANALYZE events, projections"))
+                conn.commit()
+                believed = float(log_size)
+        self._believed_rows = believed
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url`; on SQLite with WAL, a busy timeout and `BEGIN IMMEDIATE` for writers.
 

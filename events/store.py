@@ -12,7 +12,7 @@ from sqlalchemy import Engine, bindparam, func, select, update
 from sqlalchemy.engine import Connection
 
 from events.canonical import chain_hash
-from events.database import in_lists, is_sqlite
+from events.database import PlannerStatistics, in_lists, is_sqlite
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.model import (
     EVENT_NAMESPACE,
@@ -223,6 +223,7 @@ class EventStore:
         # read under the lock is that same (position, hash), i.e. nobody else has appended.
         self._known_head: tuple[int, str] | None = None
         self._known_versions: dict[str, int] = {}
+        self.statistics = PlannerStatistics(engine)
 
     @contextmanager
     def transaction(self) -> Iterator[LogTransaction]:
@@ -239,6 +240,7 @@ class EventStore:
         # Committed: remember the versions, bounded so a long-lived process stays small.
         self._known_head = (tx.head_position, tx.head_hash)
         self._known_versions = tx._versions if len(tx._versions) <= MAX_KNOWN_VERSIONS else {}
+        self.statistics.after_commit(tx.head_position)
 
     def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
         """Atomically append to one or several streams (see `LogTransaction.append`)."""

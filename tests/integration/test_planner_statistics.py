@@ -1,0 +1,40 @@
+"""On PostgreSQL the planner's count of the log follows it as it grows, so reads use indexes.
+
+Autovacuum alone would leave a fast-growing log without statistics for a minute or more, and
+the batch reads (a batch's commands, its streams' versions) would scan the whole table.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from events.database import MIN_ROWS_FOR_STATISTICS
+from events.model import StreamAppend
+from events.rows import _EVENTS_BY_COMMAND
+from events.store import EventStore
+from tests.factories import event
+
+BELIEVED = text("SELECT reltuples FROM pg_class WHERE oid = CAST('events' AS regclass)")
+
+
+def test_the_planner_counts_a_fast_growing_log_within_a_factor_of_two(store: EventStore) -> None:
+    if store.engine.dialect.name != "postgresql":
+        pytest.skip("SQLite's planner uses the indexes without statistics")
+    appended = 0
+    for batch in range(8):
+        with store.transaction() as tx:
+            tx.append([StreamAppend(f"s/{batch}-{i}", 0, [event("e", {"n": i}, f"command-e{batch}-{i}")])
+                       for i in range(500)])
+        appended += 500
+        with store.engine.connect() as conn:
+            believed = conn.execute(BELIEVED).scalar()
+        if appended >= MIN_ROWS_FOR_STATISTICS:
+            assert believed is not None and believed * 2 >= store.head()[0], (appended, believed)
+
+    wanted = [f"command-e7-{i}" for i in range(20)]
+    with store.engine.connect() as conn:
+        compiled = _EVENTS_BY_COMMAND.params(command_ids=wanted).compile(
+            conn, compile_kwargs={"render_postcompile": True, "literal_binds": True})
+        plan = "\n".join(row[0] for row in conn.execute(text(f"EXPLAIN {compiled}")))
+    assert "ix_events_command_id" in plan, plan
