@@ -10,8 +10,8 @@ import os
 import random
 import sqlite3
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 
 from rq.exceptions import InvalidJobOperation
@@ -26,6 +26,7 @@ from controlplane.faults.harness import FaultTarget, Fleet, RedisServer
 from controlplane.faults.invariants import check_fleet_invariants
 from controlplane.service import decide
 from controlplane.workloads import mixed_fleet
+from events.tables import HEAD
 from workers.queue import command_queue
 
 Inject = Callable[[Fleet, random.Random], bool]
@@ -71,15 +72,8 @@ def drop_postgres_mid_transaction(fleet: Fleet, rng: random.Random) -> bool:
 
 def hold_sqlite_write_lock(fleet: Fleet, rng: random.Random) -> bool:
     """Another writer holds the database with `BEGIN IMMEDIATE` while workers try to decide."""
-    path = make_url(fleet.target.database_url).database
-    assert path, "the SQLite lock fault needs a file database"
-    holder = sqlite3.connect(path, timeout=30, isolation_level=None)
-    try:
-        holder.execute("BEGIN IMMEDIATE")
+    with _append_lock_held(fleet):
         time.sleep(rng.uniform(0.3, 1.2))
-        holder.execute("ROLLBACK")
-    finally:
-        holder.close()
     return True
 
 
@@ -103,11 +97,14 @@ def abandon_job_to_registry_cleanup(fleet: Fleet, rng: random.Random) -> bool:
     The cleanup retries the job (or fails it once retries are spent); the retried job is
     delivered again, and a replacement worker reconciles whatever is still undecided.
     """
-    busy = fleet.busy_worker(2.0)
-    if busy is None:
-        return False
-    victim, job_id = busy
-    fleet.kill_worker(victim)
+    # The log's write lock is held while the victim is chosen and killed, so its job, blocked
+    # appending, cannot end just before the kill (decisions got fast enough for that to be likely).
+    with _append_lock_held(fleet):
+        busy = fleet.busy_worker(2.0)
+        if busy is None:
+            return False
+        victim, job_id = busy
+        fleet.kill_worker(victim)
     fleet.start_worker()
     queue = command_queue(fleet.redis, fleet.target.queue)
     if _status(fleet, job_id) != JobStatus.STARTED:
@@ -133,6 +130,25 @@ def abandon_job_to_registry_cleanup(fleet: Fleet, rng: random.Random) -> bool:
             scheduled.requeue(job_id)
         fleet.tally.duplicates_delivered += 1
     return True
+
+
+@contextmanager
+def _append_lock_held(fleet: Fleet) -> Iterator[None]:
+    """Hold the log's append lock (SQLite: the write lock; PostgreSQL: the head row)."""
+    url = make_url(fleet.target.database_url)
+    if url.get_backend_name() == "sqlite":
+        assert url.database, "the SQLite lock needs a file database"
+        holder = sqlite3.connect(url.database, timeout=30, isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        return
+    with fleet.store.engine.connect() as conn, conn.begin():
+        conn.execute(HEAD.with_for_update())
+        yield
 
 
 def _status(fleet: Fleet, job_id: str) -> JobStatus | None:
