@@ -28,13 +28,16 @@ GENESIS_HASH = "0" * 64
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                             allow_nan=False)
 _SORTED = orjson.OPT_SORT_KEYS
+# Dataclasses and datetimes are not JSON: orjson must refuse them as the standard library does
+# (else one whose `==` matches its rendering would pass the check below).
+_OPTIONS = _SORTED | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 _HEADER_TYPES = frozenset((str, int, type(None)))
 
 
 def _rendered(value: Any) -> tuple[str, Any] | None:
     """orjson's text of `value` and its decoding, if that decodes back to an equal value."""
     try:
-        raw = orjson.dumps(value, option=_SORTED)
+        raw = orjson.dumps(value, option=_OPTIONS)
     except (TypeError, orjson.JSONEncodeError):
         return None
     decoded = orjson.loads(raw)

@@ -31,6 +31,8 @@ log = structlog.get_logger(__name__)
 RETRY_POLL_SECONDS = 1.0
 # An idle worker wakes this often (RQ's default is 405 s) to put due retries back.
 IDLE_WAKE_SECONDS = 1
+# After a failed delivery, the next attempt waits this long.
+RETRY_FAILED_SECONDS = 30.0
 
 
 class _ToleratesEmbeddedRedis:
@@ -51,7 +53,10 @@ class FleetWorker(_ToleratesEmbeddedRedis, Worker):
     the queue; RQ's own scheduler is another process, which would outlive a killed worker. So
     each worker, from its heartbeat and at most once per RETRY_POLL_SECONDS, takes RQ's
     scheduler lock for its queues (one worker at a time does it), enqueues the due jobs and
-    lets the lock go; an idle worker wakes every IDLE_WAKE_SECONDS for it.
+    lets the lock go; an idle worker wakes every IDLE_WAKE_SECONDS for it. A failure there (a
+    retry entry RQ itself cannot read back) is logged and tried again after RETRY_FAILED_SECONDS:
+    it never takes the worker down. A worker killed while holding that lock holds up retries for
+    at most RQ's lock lifetime (about a minute); `reconcile` recovers their commands regardless.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -63,6 +68,12 @@ class FleetWorker(_ToleratesEmbeddedRedis, Worker):
     @property
     def dequeue_timeout(self) -> int:
         return min(super().dequeue_timeout, IDLE_WAKE_SECONDS)
+
+    @property
+    def connection_timeout(self) -> int:
+        # RQ sizes the Redis socket timeout from the dequeue timeout; keep RQ's own (minutes),
+        # so a Redis stall longer than the short idle wake does not fail jobs or the worker.
+        return int(super().dequeue_timeout) + 10
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         super().heartbeat(timeout, pipeline)
@@ -81,11 +92,15 @@ class FleetWorker(_ToleratesEmbeddedRedis, Worker):
                                                 serializer=self.serializer,
                                                 logging_level=logging.WARNING)
         scheduler = self._retry_scheduler
-        if scheduler.acquire_locks():  # type: ignore[no-untyped-call]
-            try:
-                scheduler.enqueue_scheduled_jobs()  # type: ignore[no-untyped-call]
-            finally:
-                scheduler.release_locks()  # type: ignore[no-untyped-call]
+        try:
+            if scheduler.acquire_locks():  # type: ignore[no-untyped-call]
+                try:
+                    scheduler.enqueue_scheduled_jobs()  # type: ignore[no-untyped-call]
+                finally:
+                    scheduler.release_locks()  # type: ignore[no-untyped-call]
+        except Exception as error:  # never out of a heartbeat: RQ would stop the worker
+            log.warning("retry_delivery_failed", error=f"{type(error).__name__}: {error}")
+            self._retries_checked_at = clock + RETRY_FAILED_SECONDS - RETRY_POLL_SECONDS
 
 
 class FleetSimpleWorker(_ToleratesEmbeddedRedis, SimpleWorker):

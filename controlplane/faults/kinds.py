@@ -141,9 +141,11 @@ def _append_lock_held(fleet: Fleet) -> Iterator[None]:
         holder = sqlite3.connect(url.database, timeout=30, isolation_level=None)
         try:
             holder.execute("BEGIN IMMEDIATE")
-            yield
+            try:
+                yield
+            finally:
+                holder.execute("ROLLBACK")
         finally:
-            holder.execute("ROLLBACK")
             holder.close()
         return
     with fleet.store.engine.connect() as conn, conn.begin():

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 from rq import Worker
-from rq.registry import StartedJobRegistry
+from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
 from controlplane.commands import command_adapter
 from controlplane.service import accept, pending_command_ids
@@ -60,6 +60,34 @@ def test_a_killed_work_horse_is_retried_after_its_back_off_without_a_reconcile(
             time.sleep(0.05)
         counts = decision_counts(store)
         assert len(counts) == total and set(counts.values()) == {1}
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+
+
+def test_a_retry_entry_rq_cannot_read_back_never_stops_the_worker(
+        store: EventStore, real_redis: Redis) -> None:
+    worker = worker_process(burst=False)
+    try:
+        queue = command_queue(real_redis)
+        deadline = time.monotonic() + 30
+        while Worker.count(queue=queue) < 1:
+            assert time.monotonic() < deadline and worker.poll() is None, "the worker never started"
+            time.sleep(0.02)
+        # A job hash left with only a heartbeat (RQ's own code notes how that can happen),
+        # due for retry now: RQ cannot restore it.
+        real_redis.hset(f"rq:job:{'broken-job'}", "last_heartbeat", "2026-11-30T12:00:00.000000Z")
+        registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
+        real_redis.zadd(registry.key, {"broken-job": 1.0})
+        time.sleep(3)  # several delivery attempts
+        assert worker.poll() is None, "the worker stopped"
+
+        accepted = accept(store, [command_adapter.validate_python(assess_memory(f"p{i}"))
+                                  for i in range(20)])
+        enqueue_commands(real_redis, Settings(), accepted)
+        while pending_command_ids(store):
+            assert time.monotonic() < deadline + 30, "the worker no longer decides"
+            time.sleep(0.05)
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(timeout=10)

@@ -38,3 +38,16 @@ def test_the_planner_counts_a_fast_growing_log_within_a_factor_of_two(store: Eve
             conn, compile_kwargs={"render_postcompile": True, "literal_binds": True})
         plan = "\n".join(row[0] for row in conn.execute(text(f"EXPLAIN {compiled}")))
     assert "ix_events_command_id" in plan, plan
+
+
+def test_a_write_commits_and_returns_when_statistics_cannot_be_taken(store: EventStore) -> None:
+    if store.engine.dialect.name != "postgresql":
+        pytest.skip("statistics are taken on PostgreSQL only")
+    # Another session's maintenance (a manual VACUUM, CREATE INDEX CONCURRENTLY) holds the lock
+    # ANALYZE needs, for longer than any lock timeout.
+    with store.engine.connect() as holder:
+        holder.execute(text("LOCK TABLE events IN SHARE UPDATE EXCLUSIVE MODE"))
+        recorded = store.append([StreamAppend(f"s/{i}", 0, [event("e", {"n": i}, f"c{i}")])
+                                 for i in range(MIN_ROWS_FOR_STATISTICS + 200)])
+        assert store.head()[0] == recorded[-1].position >= MIN_ROWS_FOR_STATISTICS + 200
+        holder.rollback()

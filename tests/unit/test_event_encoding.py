@@ -118,3 +118,16 @@ def test_header_text_never_changes_whatever_the_values(header: dict[str, Any]) -
 def test_derived_event_ids_are_uuid5_of_command_and_slot(command_id: str, slot: str) -> None:
     assert derived_event_id(command_id, slot) == str(uuid.uuid5(EVENT_NAMESPACE,
                                                                 f"{command_id}/{slot}"))
+
+
+@dataclass(eq=False)
+class EqualToItsFields:
+    x: int
+
+    def __eq__(self, other: object) -> bool:
+        return other == {"x": self.x} or (isinstance(other, EqualToItsFields) and other.x == self.x)
+
+
+def test_a_dataclass_equal_to_its_fields_is_still_refused() -> None:
+    with pytest.raises(TypeError):
+        canonical_json({"value": EqualToItsFields(1)})
