@@ -7,7 +7,6 @@ index is flushed before and after, and worker processes are stopped by their pro
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import signal
@@ -289,41 +288,3 @@ def load_average() -> str:
         return f"{os.getloadavg()[0]:.1f}"
     except OSError:
         return "unknown"
-
-
-@dataclass(frozen=True)
-class Figure:
-    """One line of the suite's summary: our number beside the reference measured in the same run.
-
-    `ratio` is ours / reference; `goal` says which ratio (or number) the issue asks for and
-    `met` whether this run reached it (None: no goal, or not measured).
-    """
-
-    figure: str
-    ours: float
-    reference: float | None
-    unit: str
-    reference_name: str
-    goal: str = ""
-    met: bool | None = None
-
-    @property
-    def ratio(self) -> float | None:
-        return self.ours / self.reference if self.reference else None
-
-    def as_json(self) -> dict[str, Any]:
-        return {"figure": self.figure, "ours": self.ours, "reference": self.reference,
-                "unit": self.unit, "reference_name": self.reference_name,
-                "ratio": None if self.ratio is None else round(self.ratio, 4),
-                "goal": self.goal, "met": self.met}
-
-
-def add_figures_argument(parser: Any) -> None:
-    """`--figures-out PATH`: where `bench/run_all.py` collects each script's figures."""
-    parser.add_argument("--figures-out", type=Path, default=None,
-                        help="also write this run's figures as JSON to PATH (for run_all.py)")
-
-
-def write_figures(path: Path | None, figures: Sequence[Figure]) -> None:
-    if path is not None:
-        path.write_text(json.dumps([f.as_json() for f in figures], indent=2))

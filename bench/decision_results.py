@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.common import Figure, Measurement, format_table
+from bench.common import Measurement, format_table
+from bench.figures import Figure
 
 EMBEDDED = "sqlite+fakeredis"
 SQLITE_REDIS = "sqlite+redis"

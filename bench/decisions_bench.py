@@ -40,7 +40,6 @@ from bench.common import (  # noqa: E402
     BenchSkipped,
     Measurement,
     WorkerPool,
-    add_figures_argument,
     check_exactly_once,
     environment,
     load_average,
@@ -52,7 +51,6 @@ from bench.common import (  # noqa: E402
     stored_rows,
     tail,
     wait_for_decisions,
-    write_figures,
 )
 from bench.decision_results import (  # noqa: E402
     EMBEDDED,
@@ -61,6 +59,7 @@ from bench.decision_results import (  # noqa: E402
     SQLITE_REDIS,
     Results,
 )
+from bench.figures import add_figures_argument, write_figures  # noqa: E402
 from controlplane.commands import CommandBase, command_adapter  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.runtime import open_store, store_for_process  # noqa: E402

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Figure, add_figures_argument, write_figures  # noqa: E402
+from bench.figures import Figure, add_figures_argument, write_figures  # noqa: E402
 from controlplane.policies.placement import (  # noqa: E402
     GPU,
     PlacementRequest,

@@ -44,13 +44,11 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     DEFAULT_POSTGRES_URL,
     BenchSkipped,
-    Figure,
-    add_figures_argument,
     format_table,
     load_average,
     postgres_database,
-    write_figures,
 )
+from bench.figures import Figure, add_figures_argument, write_figures  # noqa: E402
 from controlplane.commands import command_adapter  # noqa: E402
 from controlplane.faults.invariants import gpu_holds  # noqa: E402
 from controlplane.handlers.placement import inventory  # noqa: E402

@@ -34,12 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
-    Figure,
-    add_figures_argument,
     format_table,
     load_average,
-    write_figures,
 )
+from bench.figures import Figure, add_figures_argument, write_figures  # noqa: E402
 
 EVENTS_PER_REQUEST = 6.0  # measured on mixed_fleet: accept, decide and pool event per admit and release
 SEED = 20261130

@@ -3,7 +3,7 @@
 Run `python bench/run_all.py [--timeout SECONDS] [NAME ...]` (`make bench` runs it). Scripts are
 discovered, not listed, so a new benchmark needs no edit here; NAME filters by substring. Each
 script runs in its own process with this interpreter, its output passed through, and writes its
-figures (`--figures-out`, see `bench.common.Figure`); the summary lists, for each, our number,
+figures (`--figures-out`, see `bench.figures.Figure`); the summary lists, for each, our number,
 the reference measured in the same run, their ratio and the issue's goal. A script that fails
 or outlives the timeout is reported, and the exit code is 1 if any did.
 """

@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import Figure, add_figures_argument, format_table, write_figures  # noqa: E402
+from bench.common import format_table  # noqa: E402
+from bench.figures import Figure, add_figures_argument, write_figures  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.runtime import open_store  # noqa: E402
 from controlplane.simulation.config import SimulationConfig  # noqa: E402
