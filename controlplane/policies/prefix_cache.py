@@ -10,134 +10,38 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
+from controlplane.policies.prefix_cache_model import (
+    SCOPE_FIELDS,
+    SEPARATOR,
+    CacheCounters,
+    CachedBlock,
+    CacheScope,
+    HashedPrompt,
+    LookupOutcome,
+    MatchGranularity,
+    PrefixCacheParams,
+    PrefixCacheState,
+    PrefixInvalidation,
+    PrefixLookup,
+    PrefixStore,
+    Prompt,
+    ScopeSelector,
+    StoreOutcome,
+    TokenPrompt,
+)
 from controlplane.policies.reasons import Reason, require
 
-_SEPARATOR = "\x1f"
-_SCOPE_FIELDS = ("model_revision", "tokenizer_revision", "adapter_revision", "tenant")
-
-
-@dataclass(frozen=True)
-class CacheScope:
-    """Everything that must be identical for cached KV to be reusable, tenant included."""
-
-    model_revision: str
-    tokenizer_revision: str
-    adapter_revision: str
-    tenant: str
-
-
-@dataclass(frozen=True)
-class ScopeSelector:
-    """Which cached blocks to drop: those whose scope matches every field that is set."""
-
-    model_revision: str | None = None
-    tokenizer_revision: str | None = None
-    adapter_revision: str | None = None
-    tenant: str | None = None
-
-
-@dataclass(frozen=True)
-class TokenPrompt:
-    token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class HashedPrompt:
-    """A prompt known only by one precomputed id per block (the last may be partial)."""
-
-    block_hash_ids: tuple[int, ...]
-    prompt_tokens: int
-
-
-Prompt = TokenPrompt | HashedPrompt | Sequence[int]
-
-
-class MatchGranularity(StrEnum):
-    BLOCK = "block"  # any matching leading complete blocks are reused
-    ENTRY = "entry"  # only whole stored prompts are reused (the reference behaviour)
-
-
-class LookupOutcome(StrEnum):
-    HIT = "hit"
-    MISS = "miss"
-
-
-class StoreOutcome(StrEnum):
-    STORED = "stored"
-    NOTHING_TO_STORE = "nothing_to_store"
-
-
-@dataclass(frozen=True)
-class PrefixCacheParams:
-    block_size_tokens: int = 4
-    capacity_blocks: int | None = None  # None: unbounded, as in the reference
-    match_granularity: MatchGranularity = MatchGranularity.BLOCK
-
-
-@dataclass(frozen=True)
-class CachedBlock:
-    scope: CacheScope
-    parent_hash: str | None
-    depth: int
-    last_used_tick: int
-    ends_entry: bool
-
-
-@dataclass(frozen=True)
-class CacheCounters:
-    lookups: int = 0
-    hit_lookups: int = 0
-    lookup_blocks: int = 0
-    hit_blocks: int = 0
-    lookup_prompt_tokens: int = 0
-    saved_prefill_tokens: int = 0
-    evicted_blocks: int = 0
-    invalidated_blocks: int = 0
-
-
-@dataclass(frozen=True)
-class PrefixCacheState:
-    """The whole cache as plain data. `blocks` is keyed by block hash and ordered least recently
-    used first, deeper before shallower within one use, so its first block is always a leaf."""
-
-    tick: int = 0
-    blocks: Mapping[str, CachedBlock] = field(default_factory=lambda: MappingProxyType({}))
-    counters: CacheCounters = CacheCounters()
-
-
-@dataclass(frozen=True)
-class PrefixLookup:
-    outcome: LookupOutcome
-    reused_tokens: int
-    recompute_tokens: int
-    hit_blocks: int
-    prompt_blocks: int
-    saved_prefill_tokens: int
-    cache_key: str | None  # the deepest reused block's hash
-    prefix_key: str | None  # the reused portion's whole-prefix key, as the reference names it
-    reasons: tuple[Reason, ...]
-
-
-@dataclass(frozen=True)
-class PrefixStore:
-    outcome: StoreOutcome
-    prefix_key: str | None
-    stored_blocks: int
-    new_blocks: int
-    skipped_blocks: int
-    evicted_block_hashes: tuple[str, ...]
-    reasons: tuple[Reason, ...]
-
-
-@dataclass(frozen=True)
-class PrefixInvalidation:
-    removed_blocks: int
-    reasons: tuple[Reason, ...]
+__all__ = [
+    "CacheCounters", "CacheScope", "CachedBlock", "HashedPrompt", "LookupOutcome",
+    "MatchGranularity", "PrefixCache", "PrefixCacheParams", "PrefixCacheState",
+    "PrefixInvalidation", "PrefixLookup", "PrefixStore", "Prompt", "ScopeSelector", "StoreOutcome",
+    "TokenPrompt", "block_hashes", "invalidate_prefixes", "lookup_prefix",
+    "prefix_cache_state_from_plain", "store_prefix",
+]
 
 
 def _validate_params(params: PrefixCacheParams) -> None:
@@ -154,12 +58,12 @@ def _validate_scope_field(value: object, field_name: str, blank_code: str) -> No
     require(isinstance(value, str) and bool(value.strip()), blank_code, field_name,
             "scope fields may not be blank")
     # The separator inside a field would let two different scopes hash alike.
-    require(_SEPARATOR not in str(value), "scope_field_invalid", field_name,
+    require(SEPARATOR not in str(value), "scope_field_invalid", field_name,
             "scope fields may not contain the unit separator")
 
 
 def _validate_scope(scope: CacheScope) -> None:
-    for name in _SCOPE_FIELDS:
+    for name in SCOPE_FIELDS:
         _validate_scope_field(getattr(scope, name), f"scope.{name}", "scope_field_blank")
 
 
@@ -194,9 +98,9 @@ def _chain(scope: CacheScope, kind: str, per_block: list[str], block_size: int) 
     hashes: list[str] = []
     parent = ""
     for ids in per_block:
-        material = [*(getattr(scope, name) for name in _SCOPE_FIELDS), str(block_size), kind,
+        material = [*(getattr(scope, name) for name in SCOPE_FIELDS), str(block_size), kind,
                     parent, ids]
-        parent = hashlib.sha256(_SEPARATOR.join(material).encode("utf-8")).hexdigest()
+        parent = hashlib.sha256(SEPARATOR.join(material).encode("utf-8")).hexdigest()
         hashes.append(parent)
     return tuple(hashes)
 
@@ -205,8 +109,8 @@ def _prefix_key(scope: CacheScope, kind: str, per_block: list[str]) -> str:
     # The reference's whole-entry key (spec §1.4); hash ids are marked so that they can never
     # collide with a token list, which is digits and commas only.
     ids = ",".join(per_block) if kind == "token_ids" else "hash_ids:" + ",".join(per_block)
-    material = [*(getattr(scope, name) for name in _SCOPE_FIELDS), ids]
-    return hashlib.sha256(_SEPARATOR.join(material).encode("utf-8")).hexdigest()
+    material = [*(getattr(scope, name) for name in SCOPE_FIELDS), ids]
+    return hashlib.sha256(SEPARATOR.join(material).encode("utf-8")).hexdigest()
 
 
 class _Working:
@@ -323,7 +227,7 @@ def _store(work: _Working, scope: CacheScope, prompt: Prompt,
 
 
 def _invalidate(work: _Working, selector: ScopeSelector) -> PrefixInvalidation:
-    wanted = {name: getattr(selector, name) for name in _SCOPE_FIELDS
+    wanted = {name: getattr(selector, name) for name in SCOPE_FIELDS
               if getattr(selector, name) is not None}
     require(bool(wanted), "selector_empty", "selector", "name at least one scope field")
     for name, value in wanted.items():
