@@ -11,7 +11,6 @@ the log.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from controlplane.decisions import ACCEPTED, DecisionContext
 from controlplane.handlers import HANDLERS, OBSERVATIONS
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import apply_event
-from events.model import EVENT_NAMESPACE, NewEvent, RecordedEvent, StreamAppend
+from events.model import NewEvent, RecordedEvent, StreamAppend, derived_event_id
 from events.projections import MemoryProjections, drop_all, load_all
 from events.store import EventStore
 from events.tables import events_table
@@ -100,7 +99,7 @@ def rebuild_live(store: EventStore) -> int:
                 tx.projections.put(name, key, value)
         through = tx.head_position
         tx.append([StreamAppend(MAINTENANCE_STREAM, None, [NewEvent(
-            event_id=str(uuid.uuid5(EVENT_NAMESPACE, f"projections-rebuilt/{through}")),
+            event_id=derived_event_id("projections-rebuilt", str(through)),
             event_type=PROJECTIONS_REBUILT,
             data={"events_folded": count, "through_position": through},
             occurred_at=datetime.now(UTC).isoformat(timespec="microseconds"),

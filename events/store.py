@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -15,12 +14,12 @@ from events.canonical import chain_hash
 from events.database import PlannerStatistics, in_lists, is_sqlite
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.model import (
-    EVENT_NAMESPACE,
     ConcurrencyConflict,
     DuplicateEventError,
     NewEvent,
     RecordedEvent,
     StreamAppend,
+    derived_event_id,
 )
 from events.projections import SqlProjections
 from events.rows import (
@@ -168,7 +167,7 @@ class LogTransaction:
                 "merkle_root": merkle_root(leaves)}
         version = self.stream_version(CHECKPOINT_STREAM) + 1
         self._versions[CHECKPOINT_STREAM] = version
-        new = NewEvent(event_id=str(uuid.uuid5(EVENT_NAMESPACE, f"checkpoint/{last}")),
+        new = NewEvent(event_id=derived_event_id("checkpoint", str(last)),
                        event_type=CHECKPOINT_EVENT, data=data, occurred_at=rows[-1]["occurred_at"],
                        actor="log", tenant="system")
         row, decoded = row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at)

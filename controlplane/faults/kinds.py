@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -26,7 +25,6 @@ from controlplane.faults.harness import FaultTarget, Fleet, RedisServer
 from controlplane.faults.invariants import check_fleet_invariants
 from controlplane.service import decide
 from controlplane.workloads import mixed_fleet
-from events.tables import HEAD
 from workers.queue import command_queue
 
 Inject = Callable[[Fleet, random.Random], bool]
@@ -134,22 +132,9 @@ def abandon_job_to_registry_cleanup(fleet: Fleet, rng: random.Random) -> bool:
 
 @contextmanager
 def _append_lock_held(fleet: Fleet) -> Iterator[None]:
-    """Hold the log's append lock (SQLite: the write lock; PostgreSQL: the head row)."""
-    url = make_url(fleet.target.database_url)
-    if url.get_backend_name() == "sqlite":
-        assert url.database, "the SQLite lock needs a file database"
-        holder = sqlite3.connect(url.database, timeout=30, isolation_level=None)
-        try:
-            holder.execute("BEGIN IMMEDIATE")
-            try:
-                yield
-            finally:
-                holder.execute("ROLLBACK")
-        finally:
-            holder.close()
-        return
-    with fleet.store.engine.connect() as conn, conn.begin():
-        conn.execute(HEAD.with_for_update())
+    """Hold the log's append lock (SQLite: BEGIN IMMEDIATE; PostgreSQL: the head row), appending
+    nothing: a write transaction of the store, as any other writer would take it."""
+    with fleet.store.transaction():
         yield
 
 

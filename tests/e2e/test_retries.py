@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,15 +35,29 @@ def children(pid: int) -> list[int]:
     return [int(child) for child in path.read_text().split()] if path.exists() else []
 
 
-def test_a_killed_work_horse_is_retried_after_its_back_off_without_a_reconcile(
-        store: EventStore, real_redis: Redis) -> None:
-    worker = worker_process(burst=False)  # it reconciles as it starts: nothing is pending yet
+@contextmanager
+def serving_worker(real_redis: Redis) -> Iterator[subprocess.Popen[bytes]]:
+    """`fleetctl worker`, registered on the test's queue; killed with its work horse after.
+
+    It reconciles as it starts, before the test accepts anything: nothing is pending yet.
+    """
+    worker = worker_process(burst=False)
     try:
-        queue = command_queue(real_redis)
         deadline = time.monotonic() + 30
-        while Worker.count(queue=queue) < 1:
+        while Worker.count(queue=command_queue(real_redis)) < 1:
             assert time.monotonic() < deadline and worker.poll() is None, "the worker never started"
             time.sleep(0.02)
+        yield worker
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait(timeout=10)
+
+
+def test_a_killed_work_horse_is_retried_after_its_back_off_without_a_reconcile(
+        store: EventStore, real_redis: Redis) -> None:
+    with serving_worker(real_redis) as worker:
+        queue = command_queue(real_redis)
+        deadline = time.monotonic() + 30
         total = 2_000
         accepted = accept(store, [command_adapter.validate_python(
             assess_memory(f"r{i:04d}", layers=1 + i % 50)) for i in range(total)])
@@ -60,23 +77,15 @@ def test_a_killed_work_horse_is_retried_after_its_back_off_without_a_reconcile(
             time.sleep(0.05)
         counts = decision_counts(store)
         assert len(counts) == total and set(counts.values()) == {1}
-    finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
 
 
 def test_a_retry_entry_rq_cannot_read_back_never_stops_the_worker(
         store: EventStore, real_redis: Redis) -> None:
-    worker = worker_process(burst=False)
-    try:
+    with serving_worker(real_redis) as worker:
         queue = command_queue(real_redis)
-        deadline = time.monotonic() + 30
-        while Worker.count(queue=queue) < 1:
-            assert time.monotonic() < deadline and worker.poll() is None, "the worker never started"
-            time.sleep(0.02)
         # A job hash left with only a heartbeat (RQ's own code notes how that can happen),
         # due for retry now: RQ cannot restore it.
-        real_redis.hset(f"rq:job:{'broken-job'}", "last_heartbeat", "2026-11-30T12:00:00.000000Z")
+        real_redis.hset("rq:job:broken-job", "last_heartbeat", "2026-11-30T12:00:00.000000Z")
         registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
         real_redis.zadd(registry.key, {"broken-job": 1.0})
         time.sleep(3)  # several delivery attempts
@@ -85,9 +94,7 @@ def test_a_retry_entry_rq_cannot_read_back_never_stops_the_worker(
         accepted = accept(store, [command_adapter.validate_python(assess_memory(f"p{i}"))
                                   for i in range(20)])
         enqueue_commands(real_redis, Settings(), accepted)
+        deadline = time.monotonic() + 30
         while pending_command_ids(store):
-            assert time.monotonic() < deadline + 30, "the worker no longer decides"
+            assert time.monotonic() < deadline, "the worker no longer decides"
             time.sleep(0.05)
-    finally:
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait(timeout=10)
