@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controlplane.errors import InputError
@@ -136,7 +138,14 @@ class PolicyBook:
         recorded = state.get(POLICY_PROJECTION, name)
         if recorded is not None:
             return PolicyInForce(name, recorded["version"], recorded["parameters"])
-        return PolicyInForce(name, 0, validate_parameters(name, {}))
+        return PolicyInForce(name, 0, orjson.loads(_defaults(name)))
+
+
+@cache
+def _defaults(name: str) -> bytes:
+    """A policy's default parameters as JSON, validated once: every decision without a
+    recorded version reads them, each time as a fresh copy it cannot share with another."""
+    return orjson.dumps(validate_parameters(name, {}))
 
 
 def load_overrides(path: Path) -> dict[str, dict[str, Any]]:

@@ -40,23 +40,25 @@ def accept(store: EventStore, commands: Sequence[CommandBase],
     with store.transaction() as tx:
         event_ids = [accepted_event_id(c.command_id) for c in commands]
         known = _stored_event_ids(tx, event_ids)
-        fresh, seen = [], set()
+        fresh, fresh_ids, seen = [], [], set()
         fresh_lines = []
         for index, (command, event_id) in enumerate(zip(commands, event_ids, strict=True)):
             if event_id in known or command.command_id in seen:
                 continue
             seen.add(command.command_id)
             fresh.append(command)
+            fresh_ids.append(event_id)
             fresh_lines.append(lines[index] if lines is not None else index + 1)
         problems = precheck(tx, fresh, fresh_lines)
         if problems:
             raise SubmissionRejected(problems)
-        events = [NewEvent(event_id=accepted_event_id(c.command_id), event_type=ACCEPTED,
+        events = [NewEvent(event_id=event_id, event_type=ACCEPTED,
                            data={"command": c.payload(), "creates": c.creates()},
                            occurred_at=c.occurred_at,
                            command_id=c.command_id,
                            correlation_id=c.correlation_id or c.command_id,
-                           actor=c.actor, tenant=c.tenant) for c in fresh]
+                           actor=c.actor, tenant=c.tenant)
+                  for c, event_id in zip(fresh, fresh_ids, strict=True)]
         if not events:
             return []
         for event in tx.append([StreamAppend(INBOX_STREAM, None, events)]):

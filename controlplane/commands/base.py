@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -44,11 +45,13 @@ class CommandBase(Frozen):
             value = value.replace(tzinfo=UTC)
         return value.astimezone(UTC)
 
-    @property
+    # Cached on the instance (a command is immutable); they are not fields, so the payload,
+    # equality and validation never see them.
+    @cached_property
     def occurred_at(self) -> str:
         return self.at.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
-    @property
+    @cached_property
     def command_type(self) -> str:
         return str(type(self).model_fields["type"].default)
 

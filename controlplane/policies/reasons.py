@@ -55,11 +55,13 @@ def to_plain(value: Any) -> Any:
     kind = type(value)
     if kind in _SCALARS:  # exact types only: an enum member's type is its enum
         return value
+    # Containers keep scalar items without a call each: most of a decision's leaves are scalars.
     if kind is dict:
-        return {key if type(key) is str else str(key): to_plain(item)
+        return {key if type(key) is str else str(key):
+                item if type(item) in _SCALARS else to_plain(item)
                 for key, item in value.items()}
     if kind is list or kind is tuple:
-        return [to_plain(item) for item in value]
+        return [item if type(item) in _SCALARS else to_plain(item) for item in value]
     if kind is float:
         if not math.isfinite(value):
             raise ValueError(f"non-finite number {value!r} in a decision")
