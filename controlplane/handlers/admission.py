@@ -48,6 +48,7 @@ from controlplane.policies.admission import (
     AdmissionRequest,
     PoolState,
     decide_admission,
+    promote,
     release,
 )
 from controlplane.policies.admission_records import SETTLED, settled_record_expired
@@ -221,6 +222,47 @@ def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[S
     remaining = list(after.queue) if promote else [rid for rid in queue if rid != command.request_id]
     appends.append(pool_event(command, ctx, admission, after.live_tokens, remaining,
                               [released, *followers], now, admission_policy(policy)))
+    return appends
+
+
+def promote_on_ready(command: CommandBase, ctx: DecisionContext, replica: dict[str, Any],
+                     cause_event_id: str) -> list[StreamAppend]:
+    """Queued requests a replica's new ready capacity admits, in the decision making it ready.
+
+    The pool's budget grows by the replica's KV capacity times the admission policy's fraction;
+    the queue is walked from its head (FIFO) while the head fits, a head past its deadline shed.
+    Each promotion is a decision of its own on `request/<id>`, caused by `cause_event_id` (the
+    replica's readiness), and the pool's admission state follows, as a release promotes.
+    """
+    pool_id = replica["pool_id"]
+    admission = ctx.state.get(ADMISSION, pool_id)
+    if admission is None or not admission["queue"]:
+        return []
+    policy = ctx.policies.in_force(ctx.state, "admission")
+    before = pool_capacity(ctx.state, pool_id, policy)
+    capacity = before.with_ready(replica["replica_id"],
+                                 before.warming.get(replica["replica_id"],
+                                                    replica["kv_capacity_tokens"]))
+    if capacity.budget_tokens <= before.budget_tokens:
+        return []
+    now = seconds(command.at)
+    queue = tuple(admission["queue"])
+    rows = {rid: found for rid in queue
+            if (found := ctx.state.get(ADMISSION_REQUEST, rid)) is not None}
+    decisions, after = promote(
+        PoolState(admission["live_tokens"], queue, tuple(_record(r) for r in rows.values())),
+        now, admission_policy(policy, capacity.budget_tokens))
+    if not decisions:
+        return []
+    inputs = {"command": command.payload(), "pool": capacity.facts(),
+              "admission": {"live_tokens": admission["live_tokens"], "queue": list(queue)}}
+    sequences = settled_sequences(admission)
+    promoted = [_request_event(command, ctx, f"promote/{d.request_id}", d,
+                               _record(rows[d.request_id]).request, pool_id, now, policy, inputs,
+                               [cause_event_id], sequences) for d in decisions]
+    appends = [append_to(f"request/{e.data['result']['request_id']}", ctx, e) for e in promoted]
+    appends.append(pool_event(command, ctx, admission, after.live_tokens, list(after.queue),
+                              promoted, now, admission_policy(policy)))
     return appends
 
 

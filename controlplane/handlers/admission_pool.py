@@ -45,6 +45,15 @@ class PoolCapacity:
     budget_tokens: int
     budget_fraction: float
 
+    def with_ready(self, replica_id: str, tokens: int) -> PoolCapacity:
+        """The capacity once `replica_id` serves `tokens` of KV capacity: warming no more, and
+        the budget the pool's row will fold to (ready tokens times the same fraction)."""
+        ready = dict(sorted({**self.ready, replica_id: tokens}.items()))
+        warming = {key: value for key, value in self.warming.items() if key != replica_id}
+        return PoolCapacity(self.pool_id, ready, warming,
+                            math.floor(sum(ready.values()) * self.budget_fraction),
+                            self.budget_fraction)
+
     def facts(self) -> dict[str, Any]:
         return {"pool_id": self.pool_id, "ready_replicas": sorted(self.ready),
                 "ready_kv_capacity_tokens": sum(self.ready.values()),

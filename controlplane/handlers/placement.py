@@ -13,6 +13,7 @@ from typing import Any
 from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import MarkReplicaReady, PlaceReplica, ReleaseReplica
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
+from controlplane.handlers.admission import promote_on_ready
 from controlplane.handlers.base import Handler, Reads
 from controlplane.policies.memory import (
     DeploymentMemory,
@@ -187,7 +188,8 @@ def handle_release_replica(command: CommandBase, ctx: DecisionContext) -> list[S
 
 
 def handle_mark_ready(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
-    """A warming replica becomes ready and adds its KV capacity to its pool."""
+    """A warming replica becomes ready, adds its KV capacity to its pool and admits the head of
+    the pool's queue while it fits (`promote_on_ready`)."""
     assert isinstance(command, MarkReplicaReady)
     replica = ctx.state.get(REPLICA, command.replica_id)
     stream = f"replica/{command.replica_id}"
@@ -201,7 +203,9 @@ def handle_mark_ready(command: CommandBase, ctx: DecisionContext) -> list[Stream
                          result={"replica_id": command.replica_id, "pool_id": replica["pool_id"]},
                          policy=None, inputs=command.payload(), ctx=ctx,
                          causes=[replica["decision_event_id"]])
-    return [append_to(stream, ctx, new_event(command, ctx, "decision", REPLICA_READY, data))]
+    ready = new_event(command, ctx, "decision", REPLICA_READY, data)
+    return [append_to(stream, ctx, ready),
+            *promote_on_ready(command, ctx, replica, ready.event_id)]
 
 
 HANDLERS: dict[str, Handler] = {

@@ -36,7 +36,7 @@ from controlplane.policies.reasons import PolicyInputError, Reason, require
 
 __all__ = ["AdmissionAction", "AdmissionController", "AdmissionDecision", "AdmissionPolicy",
            "AdmissionRecord", "AdmissionRequest", "PoolState", "admit", "apply_decision",
-           "decide_admission", "release"]
+           "decide_admission", "promote", "release"]
 
 
 _TRANSITIONS = {AdmissionAction.QUEUE: (AdmissionAction.ADMIT, AdmissionAction.SHED,
@@ -175,8 +175,8 @@ def admit(state: PoolState, request: AdmissionRequest, now: float,
     return decision, apply_decision(state, decision, now, policy, request)
 
 
-def _promotions(state: PoolState, now: float,
-                policy: AdmissionPolicy) -> list[AdmissionDecision]:
+def _promotions(state: PoolState, now: float, policy: AdmissionPolicy,
+                message: str) -> list[AdmissionDecision]:
     decisions: list[AdmissionDecision] = []
     live = state.live_tokens
     records = {r.request.identifier: r for r in state.records}
@@ -195,7 +195,7 @@ def _promotions(state: PoolState, now: float,
         if live + tokens > policy.max_live_tokens:
             break
         live += tokens
-        reason = Reason("promoted_from_queue", "freed live tokens admit the head of the queue",
+        reason = Reason("promoted_from_queue", message,
                         {**facts, "live_tokens_after": live,
                          "waited_seconds": now - queued.decided_at_seconds})
         decisions.append(AdmissionDecision(request_id, AdmissionAction.ADMIT, tokens, (reason,)))
@@ -228,8 +228,26 @@ def release(state: PoolState, request_id: str, now: float,
                      "live_tokens_after": state.live_tokens - freed, "now_seconds": now})
     released = AdmissionDecision(request_id, AdmissionAction.RELEASE, 0, (reason,))
     state = apply_decision(state, released, now, policy)
-    decisions = [released, *_promotions(state, now, policy)]
-    for decision in decisions[1:]:
+    promoted, state = _promote(state, now, policy, "freed live tokens admit the head of the queue")
+    return (released, *promoted), state
+
+
+def promote(state: PoolState, now: float,
+            policy: AdmissionPolicy) -> tuple[tuple[AdmissionDecision, ...], PoolState]:
+    """Admit the queue's head while it fits under a budget that grew (FIFO, no overtaking).
+
+    A head whose deadline has passed is shed and the walk goes on; the walk stops at the first
+    head that does not fit. Nothing queued, or nothing that fits, decides nothing.
+    """
+    _validate_policy(policy)
+    _validate_time(now)
+    return _promote(state, now, policy, "new ready capacity admits the head of the queue")
+
+
+def _promote(state: PoolState, now: float, policy: AdmissionPolicy,
+             message: str) -> tuple[tuple[AdmissionDecision, ...], PoolState]:
+    decisions = _promotions(state, now, policy, message)
+    for decision in decisions:
         state = apply_decision(state, decision, now, policy)
     return tuple(decisions), state
 

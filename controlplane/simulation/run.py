@@ -181,10 +181,6 @@ class Simulation:
             kind = item.command_type
             if kind == "AdmitRequest":
                 self._admission(item, now)
-            elif kind == "ReleaseRequest":
-                for event in item.of_type(REQUEST_ADMITTED, REQUEST_SHED):
-                    self._settle(event.data["result"]["request_id"], event.event_type,
-                                 event.data, now, promoted=True)
             elif kind == "PlaceReplica":
                 self._placed(item, now)
             elif kind == "MarkReplicaReady" and item.first(REPLICA_READY) is not None:
@@ -193,6 +189,10 @@ class Simulation:
                 pending, self.unrouted = self.unrouted, []
                 for request in pending:
                     self._push(now, "route", request)
+            if kind in ("ReleaseRequest", "MarkReplicaReady"):  # the queue's promotions
+                for event in item.of_type(REQUEST_ADMITTED, REQUEST_SHED):
+                    self._settle(event.data["result"]["request_id"], event.event_type,
+                                 event.data, now, promoted=True)
             for event in item.of_type(REPLICA_RELEASED):
                 released = self.fleet.replicas.get(event.data["result"]["replica_id"])
                 if released is not None:

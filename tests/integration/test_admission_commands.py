@@ -85,13 +85,49 @@ def test_the_budget_is_the_ready_replicas_kv_capacity_and_a_warming_replica_adds
     assert queued.data["outcome"] == "queue"
     assert reason(queued)["code"] == "queued_for_live_tokens"
     assert reason(queued)["facts"]["live_tokens"] == budget
-    run(store, {"type": "MarkReplicaReady", "replica_id": "r2", "command_id": "ready-r2"},
-        admit("after-ready", 1, second=3))
-    # FIFO: the newcomer waits behind the queued request even though the budget grew.
-    assert decision(store, "admit-after-ready").data["outcome"] == "queue"
     row = state_at(store).get("admission", POOL)
-    assert row is not None and row["live_tokens"] == budget
-    assert row["queue"] == ["one-more", "after-ready"]
+    assert row is not None and row["live_tokens"] == budget and row["queue"] == ["one-more"]
+    assert_replay_exact(store)
+
+
+def test_a_replica_becoming_ready_admits_the_queue_head_in_its_own_decision(
+        store: EventStore) -> None:
+    capacity = ready_pool(store, "r1", max_queued_requests=5)
+    run(store, place_replica("r2"))  # warming
+    capacity["r2"] = decision(store, "place-r2").data["result"]["kv_capacity_tokens"]
+    budget = capacity["r1"]
+    run(store, admit("fill", budget, second=1), admit("late", 10, second=2, deadline_second=3),
+        admit("head", 200, second=3), admit("too-big", capacity["r2"], second=4),
+        admit("small", 5, second=5))
+    assert [decision(store, f"admit-{r}").data["outcome"]
+            for r in ("fill", "late", "head", "too-big", "small")] == \
+        ["admit", "queue", "queue", "queue", "queue"]
+    run(store, {"type": "MarkReplicaReady", "replica_id": "r2", "command_id": "ready-r2",
+                "at": at(10)})
+    ready = next(e for e in store.events_for_command("ready-r2") if e.event_type == "ReplicaReady")
+    by_request = {e.data["result"]["request_id"]: e for e in store.events_for_command("ready-r2")
+                  if e.event_type in ("RequestAdmitted", "RequestShed")}
+    # FIFO from the head: past its deadline is shed, the head fits and is admitted, and the
+    # walk stops at the first that does not fit; the small one behind it may not overtake.
+    assert list(by_request) == ["late", "head"]
+    late, head = by_request["late"], by_request["head"]
+    assert late.event_type == "RequestShed" and reason(late)["code"] == "deadline_passed_in_queue"
+    assert head.event_type == "RequestAdmitted"
+    assert reason(head)["code"] == "promoted_from_queue"
+    assert reason(head)["facts"]["max_live_tokens"] == budget + capacity["r2"]
+    assert head.causation_id == late.causation_id  # both caused by the accepted command...
+    assert head.data["causes"] == late.data["causes"] == [ready.event_id]  # ...and the readiness
+    row = state_at(store).get("admission", POOL)
+    assert row is not None and row["queue"] == ["too-big", "small"]
+    assert row["live_tokens"] == budget + 200
+    assert state_at(store).get("admission_request", "head")["action"] == "admit"
+    # Nothing queued: readiness decides no admission.
+    run(store, release("too-big", second=11), release("small", second=11),
+        place_replica("r3"), {"type": "MarkReplicaReady", "replica_id": "r3",
+                              "command_id": "ready-r3", "at": at(12)})
+    assert [e.event_type for e in store.events_for_command("ready-r3")] == \
+        ["CommandAccepted", "ReplicaReady"]
+    assert verify_decisions(store).drifts == []
     assert_replay_exact(store)
 
 

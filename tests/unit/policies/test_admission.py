@@ -18,6 +18,7 @@ from controlplane.policies.admission import (
     PoolState,
     admit,
     apply_decision,
+    promote,
     release,
 )
 from controlplane.policies.reasons import PolicyInputError, to_plain
@@ -217,6 +218,34 @@ def test_a_queued_request_past_its_deadline_is_shed_not_promoted() -> None:
         ("stale", SHED, "deadline_passed_in_queue")
     assert (promoted.request_id, promoted.action) == ("fresh", ADMIT)
     assert (pool.live_tokens, pool.queued_requests) == (10, 0)
+
+
+def test_a_grown_budget_promotes_the_queue_head_first_and_never_past_one_that_does_not_fit(
+        ) -> None:
+    pool = AdmissionController(AdmissionPolicy(100, 4, 1_000))
+    pool.decide(request("a", 100, 0, 99), now=0, estimated_queue_seconds=0)
+    for name, tokens, deadline in [("stale", 10, 3), ("head", 80, 99), ("big", 200, 99),
+                                   ("small", 5, 99)]:
+        assert pool.decide(request(name, tokens, 0, deadline), now=0,
+                           estimated_queue_seconds=1).action is QUEUE
+    # Under the same full budget only the head past its deadline goes (shed); nothing is admitted.
+    same_budget, _ = promote(pool.state, 5, AdmissionPolicy(100, 4, 1_000))
+    assert [(d.request_id, d.action) for d in same_budget] == [("stale", SHED)]
+    decisions, after = promote(pool.state, 5, AdmissionPolicy(250, 4, 1_000))
+    assert [(d.request_id, d.action, code(d)) for d in decisions] == [
+        ("stale", SHED, "deadline_passed_in_queue"), ("head", ADMIT, "promoted_from_queue")]
+    assert decisions[1].reasons[0].facts["max_live_tokens"] == 250
+    assert (after.live_tokens, after.queue) == (180, ("big", "small"))
+    # Folding the recorded decisions rebuilds exactly the state the policy returned.
+    folded = pool.state
+    for decision in decisions:
+        folded = apply_decision(folded, decision, 5, AdmissionPolicy(250, 4, 1_000))
+    assert folded == after
+
+
+def test_promoting_an_empty_queue_decides_nothing() -> None:
+    state = PoolState(40, ())
+    assert promote(state, 1, POLICY) == ((), state)
 
 
 def test_withdrawing_a_queued_request_frees_its_slot() -> None:
