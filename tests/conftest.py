@@ -7,6 +7,7 @@ With FLEET_TEST_DATABASE_URL / FLEET_TEST_REDIS_URL set, the real-server variant
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 
@@ -121,3 +122,13 @@ def _quiet_logs() -> None:
 def embedded_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     """No real Redis: commands are decided in-process on the embedded fake."""
     monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+
+
+@pytest.fixture
+def redis_server_binary() -> None:
+    """The Redis-restart runs start a private redis-server: skip with the real-server suites off,
+    fail when they are on and the binary is missing."""
+    if not os.environ.get("FLEET_TEST_REDIS_URL"):
+        pytest.skip("FLEET_TEST_REDIS_URL is not set")
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not on PATH: the Redis-restart fault runs need it")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,15 @@ import structlog
 from fakeredis import TcpFakeServer
 from redis import Redis
 from redis.client import Pipeline
+from redis.exceptions import RedisError
 from rq import SimpleWorker, Worker
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 
+from controlplane.errors import OperationalError
 from controlplane.runtime import collect_garbage_less_often
 from controlplane.settings import Settings
+from workers.outage import LostQueueWatch
 from workers.queue import command_queue
 
 log = structlog.get_logger(__name__)
@@ -33,6 +37,9 @@ RETRY_POLL_SECONDS = 1.0
 IDLE_WAKE_SECONDS = 1
 # After a failed delivery, the next attempt waits this long.
 RETRY_FAILED_SECONDS = 30.0
+# A worker that lost Redis tries it again after this long, doubling up to the maximum.
+RECONNECT_FIRST_SECONDS = 0.5
+RECONNECT_MAX_SECONDS = 30.0
 
 
 class _ToleratesEmbeddedRedis:
@@ -57,13 +64,19 @@ class FleetWorker(_ToleratesEmbeddedRedis, Worker):
     retry entry RQ itself cannot read back) is logged and tried again after RETRY_FAILED_SECONDS:
     it never takes the worker down. A worker killed while holding that lock holds up retries for
     at most RQ's lock lifetime (about a minute); `reconcile` recovers their commands regardless.
+
+    From the same heartbeat it notices a Redis that came back empty (`LostQueueWatch`) and
+    calls `on_queue_lost` (the CLI reconciles the inbox), then registers itself again.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, on_queue_lost: Callable[[], object] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._retries_checked_at = 0.0
         self._owner_pid = os.getpid()
         self._retry_scheduler: RQScheduler | None = None
+        self._lost_queue = LostQueueWatch(self.connection, self.queues[0].name, self.name,
+                                          on_queue_lost)
 
     @property
     def dequeue_timeout(self) -> int:
@@ -80,6 +93,17 @@ class FleetWorker(_ToleratesEmbeddedRedis, Worker):
         # Not inside RQ's pipelines, and never in a work horse (a fork of this worker).
         if pipeline is None and os.getpid() == self._owner_pid:
             self.deliver_due_retries()
+            if self._lost_queue.check():
+                self._register_again()
+
+    def _register_again(self) -> None:
+        """Redis lost this worker's registration with the queue: appear in `rq info` again."""
+        try:
+            # Only what the heartbeats wrote since is left of this worker's hash: start afresh.
+            self.connection.delete(self.key)
+            self.register_birth()  # type: ignore[no-untyped-call]
+        except (ValueError, RedisError) as error:  # Redis went again, or a twin registered
+            log.warning("worker_registration_failed", error=f"{type(error).__name__}: {error}")
 
     def deliver_due_retries(self) -> None:
         """Put jobs whose retry back-off has ended back on their queues."""
@@ -108,17 +132,65 @@ class FleetSimpleWorker(_ToleratesEmbeddedRedis, SimpleWorker):
 
 
 def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
-         max_jobs: int | None = None) -> bool:
+         max_jobs: int | None = None, on_queue_lost: Callable[[], object] | None = None) -> bool:
     """Run one worker until the queues are empty (burst) or forever; True if it did any job.
 
     Forking workers run each job in a child process, so a job killed mid-batch never takes the
     worker with it; the in-process worker serves the embedded fake Redis, which is per process.
     """
-    collect_garbage_less_often()
-    worker_class: type[Worker] | type[SimpleWorker] = FleetWorker if forking else FleetSimpleWorker
-    worker = worker_class([command_queue(connection, name) for name in queues],
-                          connection=connection, serializer=JSONSerializer)
+    worker = _worker(connection, queues, forking, on_queue_lost)
     return bool(worker.work(burst=burst, max_jobs=max_jobs, logging_level="WARNING"))
+
+
+def _worker(connection: Redis, queues: Sequence[str], forking: bool,
+            on_queue_lost: Callable[[], object] | None = None) -> Worker | SimpleWorker:
+    collect_garbage_less_often()
+    queue_objects = [command_queue(connection, name) for name in queues]
+    if forking:
+        return FleetWorker(queue_objects, connection=connection, serializer=JSONSerializer,
+                           on_queue_lost=on_queue_lost)
+    return FleetSimpleWorker(queue_objects, connection=connection, serializer=JSONSerializer)
+
+
+def serve(connect: Callable[[], Redis], queues: Sequence[str],
+          on_reconnect: Callable[[], object]) -> None:
+    """Run a forking worker until it is asked to stop, outliving a Redis that goes away.
+
+    RQ's worker quits when Redis fails outside its dequeue loop (a heartbeat, its maintenance,
+    a job's bookkeeping). Unless it was asked to stop (SIGTERM or SIGINT: RQ's warm shutdown),
+    this waits for Redis to answer again, with back-off from RECONNECT_FIRST_SECONDS to
+    RECONNECT_MAX_SECONDS, calls `on_reconnect` (Redis may be back empty: the caller reconciles
+    the inbox) and serves again with a new worker. While it waits no job is in hand, so SIGTERM
+    and SIGINT act at once.
+    """
+    connection = connect()
+    while True:
+        worker = _worker(connection, queues, forking=True, on_queue_lost=on_reconnect)
+        try:
+            worker.work(burst=False, logging_level="WARNING")
+        except RedisError as error:  # RQ's teardown, on the connection that failed
+            log.warning("worker_lost_redis", error=f"{type(error).__name__}: {error}")
+        if worker._shutdown_requested_date is not None:  # RQ's mark of a warm shutdown
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        connection = _reconnected(connect, on_reconnect)
+
+
+def _reconnected(connect: Callable[[], Redis], on_reconnect: Callable[[], object]) -> Redis:
+    delay = RECONNECT_FIRST_SECONDS
+    while True:
+        log.warning("waiting_for_redis", retry_in_seconds=delay)
+        time.sleep(delay)
+        try:
+            connection = connect()  # it pings
+            on_reconnect()
+        except (RedisError, OperationalError) as error:
+            log.warning("redis_still_unreachable", error=f"{type(error).__name__}: {error}")
+            delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+            continue
+        log.warning("redis_reachable_again")
+        return connection
 
 
 def free_loopback_port() -> int:

@@ -20,7 +20,7 @@ from workers.connections import connect, redis_url_in_use
 from workers.pipeline import reconcile as reconcile_pending
 from workers.pipeline import submit as submit_commands
 from workers.pipeline import wait_for_decisions
-from workers.runner import EmbeddedRedisServer, advertise, spawn_worker_processes, work
+from workers.runner import EmbeddedRedisServer, advertise, serve, spawn_worker_processes, work
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
@@ -109,18 +109,18 @@ def worker(burst: bool, queue_names: tuple[str, ...], processes: int) -> None:
     if url is None:
         click.echo("embedded queue: decided every pending command in-process", err=True)
         return
-    if processes > 1:
-        children = spawn_worker_processes(processes - 1, url, queues)
-        try:
-            work(connect(settings), queues, burst=burst, forking=True)
-        finally:
-            for child in children:
-                if burst:
-                    child.wait()
-                else:
-                    child.terminate()
-        return
-    work(connect(settings), queues, burst=burst, forking=True)
+    children = spawn_worker_processes(processes - 1, url, queues) if processes > 1 else []
+    try:
+        if burst:
+            work(connect(settings), queues, burst=True, forking=True)
+        else:  # through a lost Redis: wait for it, reconcile (it may be back empty), go on
+            serve(lambda: connect(settings), queues, lambda: reconcile_pending(settings, store))
+    finally:
+        for child in children:
+            if burst:
+                child.wait()
+            else:
+                child.terminate()
 
 
 @click.command()

@@ -10,7 +10,6 @@ plan (`planned_runs(2)`) with the same seeds and prints the figures of RELIABILI
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -38,16 +37,6 @@ def run_seeded(kind: str, index: int, database_url: str, redis_url: str, queue: 
                                                       replicas=4))
     assert run.commands_decided == run.commands_accepted >= scenario, context
     return run
-
-
-@pytest.fixture
-def redis_server_binary() -> None:
-    """The Redis-restart runs start a private redis-server: skip with the real-server suites off,
-    fail when they are on and the binary is missing."""
-    if not os.environ.get("FLEET_TEST_REDIS_URL"):
-        pytest.skip("FLEET_TEST_REDIS_URL is not set")
-    if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not on PATH: the Redis-restart fault runs need it")
 
 
 @pytest.mark.parametrize("index", range(2))
