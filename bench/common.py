@@ -52,6 +52,7 @@ class Measurement:
     commands: int
     seconds: float
     note: str = ""
+    cores_busy: float | None = None  # the whole machine's CPUs busy during the run, on average
 
     @property
     def per_second(self) -> float:
@@ -60,7 +61,9 @@ class Measurement:
     def as_json(self, **extra: Any) -> dict[str, Any]:
         return {"path": self.path, "store": self.store, "workers": self.workers,
                 "commands": self.commands, "seconds": round(self.seconds, 4),
-                "decisions_per_second": round(self.per_second, 1), "note": self.note, **extra}
+                "decisions_per_second": round(self.per_second, 1), "note": self.note,
+                "cores_busy": None if self.cores_busy is None else round(self.cores_busy, 2),
+                **extra}
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -288,3 +291,22 @@ def load_average() -> str:
         return f"{os.getloadavg()[0]:.1f}"
     except OSError:
         return "unknown"
+
+
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) CPU time of the whole machine so far, from /proc/stat (None elsewhere)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def cores_busy(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """How many of the machine's CPUs were busy between two `cpu_jiffies` readings, on average:
+    every process counts (workers, the database, Redis, the submitter, and anyone else's)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)

@@ -45,9 +45,10 @@ class Results:
             ratios = self.ratios(run) if run.path != "floor" else {}
             rows.append([run.path, run.store, run.workers, f"{run.commands:,}",
                          f"{run.seconds:.2f}", f"{run.per_second:,.0f}",
-                         _ratio(ratios.get("ratio_to_floor")), _ratio(ratios.get("ratio_to_naive"))])
+                         _ratio(ratios.get("ratio_to_floor")), _ratio(ratios.get("ratio_to_naive")),
+                         "-" if run.cores_busy is None else f"{run.cores_busy:.2f}"])
         return format_table(["path", "store", "workers", "commands", "seconds", "decisions/s",
-                             "x floor", "x naive"], rows)
+                             "x floor", "x naive", "cores busy"], rows)
 
     def goals(self) -> list[tuple[str, bool | None]]:
         """The issue's bar and the later goals, each met, missed, or None when not measured."""

@@ -41,6 +41,8 @@ from bench.common import (  # noqa: E402
     Measurement,
     WorkerPool,
     check_exactly_once,
+    cores_busy,
+    cpu_jiffies,
     environment,
     load_average,
     log_position,
@@ -125,13 +127,14 @@ def run_embedded(path: str, setup: Setup, traffic: list[dict[str, Any]], batch_s
         set_up(settings, store, setup, run)
         timed_from = log_position(store.engine)
         commands = commands_for(traffic, run)
-        started = time.perf_counter()
+        cpu, started = cpu_jiffies(), time.perf_counter()
         submit(settings, store, commands)
-        seconds = time.perf_counter() - started
+        seconds, busy = time.perf_counter() - started, cores_busy(cpu, cpu_jiffies())
     check_exactly_once(store, f"{path} {EMBEDDED}", commands_in(setup) + len(commands))
     rows = stored_rows(store, timed_from)
     store.engine.dispose()
-    return Measurement(path, EMBEDDED, "in-process", len(commands), seconds), rows
+    return Measurement(path, EMBEDDED, "in-process", len(commands), seconds,
+                       cores_busy=busy), rows
 
 
 def run_queued(path: str, store_label: str, setup: Setup, traffic: list[dict[str, Any]],
@@ -150,16 +153,17 @@ def run_queued(path: str, store_label: str, setup: Setup, traffic: list[dict[str
     timed_from = set_up(settings, store, setup, run, pool.processes)
     commands = commands_for(traffic, run)
     timeout = max(MIN_RUN_TIMEOUT_SECONDS, len(commands) / MIN_DECISIONS_PER_SECOND)
-    started = time.monotonic()
+    cpu, started = cpu_jiffies(), time.monotonic()
     submit(settings, store, commands)
     try:
         finished = wait_for_decisions(store.engine, timeout, pool.processes)
     except RuntimeError as error:
         raise RuntimeError(f"{label}: {error}; the workers' log ends:\n{tail(pool.log_path)}") \
             from None
+    busy = cores_busy(cpu, cpu_jiffies())
     check_exactly_once(store, label, commands_in(setup) + len(commands))
-    return Measurement(path, store_label, str(workers), len(commands), finished - started), \
-        timed_from
+    return Measurement(path, store_label, str(workers), len(commands), finished - started,
+                       cores_busy=busy), timed_from
 
 
 def run_all(args: argparse.Namespace, results: Results, progress: Callable[[str], None]) -> None:
@@ -274,7 +278,9 @@ def main(argv: Sequence[str] | None = None) -> None:
               " with like.\nx naive: against the naive run on the same store (same workers if"
               " measured, else 1).\nfloor: one bulk insert of the rows the timed commands of the first"
               " batched run on that database stored (CommandAccepted + decision events), copied,"
-              " into an empty log.")
+              " into an empty log.\ncores busy: the machine's CPUs in use during the run, on average (every"
+              " process: workers, database, Redis, the submitter; of "
+              f"{os.cpu_count()}).")
         for goal, met in results.goals():
             print(f"goal: {goal}: {'not measured' if met is None else 'met' if met else 'MISSED'}")
         for line in [f"skipped: {s}" for s in results.skipped] + [f"FAILED: {f}" for f in results.failed]:
