@@ -297,7 +297,8 @@ def cpu_jiffies() -> tuple[int, int] | None:
     """(busy, total) CPU time of the whole machine so far, from /proc/stat (None elsewhere)."""
     try:
         with open("/proc/stat", encoding="ascii") as stat:
-            fields = [int(value) for value in stat.readline().split()[1:]]
+            # user nice system idle iowait irq softirq steal; guest time is inside user and nice.
+            fields = [int(value) for value in stat.readline().split()[1:9]]
     except (OSError, ValueError):
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait

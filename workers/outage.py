@@ -3,9 +3,11 @@
 A Redis restarted without persistence, flushed, or failed over to a replica that had not caught
 up comes back empty: the queued jobs are gone, though every command is safe in the inbox. RQ's
 worker rides out the outage itself (its dequeue loop reconnects) and then waits on an empty
-queue. So each worker keeps a marker key per queue: it creates the marker on its first check,
-and a later check that has to create it again means Redis lost its data. The worker that
-re-creates it (`SET NX`: exactly one of them) reconciles; the others see the marker and carry on.
+queue. So a serving worker marks the queue (a marker key) before it reconciles the inbox, and
+checks from its heartbeat that the marker is still there: a check that has to create it means
+Redis lost everything written since that reconcile. The worker that re-creates it (`SET NX`:
+exactly one of them) reconciles; the others see the marker and carry on. Reconciling twice is
+harmless (a command already decided is not decided again), so any doubt resolves to reconcile.
 """
 
 from __future__ import annotations
@@ -27,8 +29,13 @@ def marker_key(queue_name: str) -> str:
     return f"fleet:queue-marker:{queue_name}"
 
 
+def mark_queue(connection: Redis, queue_name: str) -> None:
+    """Mark the queue as holding everything accepted so far: call it before a reconcile."""
+    connection.set(marker_key(queue_name), "marked")
+
+
 class LostQueueWatch:
-    """Calls `on_lost` when the marker of `queue_name` it saw (or made) has vanished.
+    """Calls `on_lost` when it finds the marker of `queue_name` gone (and re-creates it).
 
     `on_lost` failing (Redis gone again, the database unreachable) is logged, and the marker
     removed so that the next check tries again.
@@ -38,7 +45,6 @@ class LostQueueWatch:
                  on_lost: Callable[[], object] | None) -> None:
         self.connection, self.key, self.owner = connection, marker_key(queue_name), owner
         self.on_lost = on_lost
-        self.seen = False
         self.checked_at = 0.0
 
     def check(self) -> bool:
@@ -52,8 +58,7 @@ class LostQueueWatch:
         except RedisError as error:  # unreachable: RQ's own loop waits for it
             log.warning("queue_marker_unreadable", error=f"{type(error).__name__}: {error}")
             return False
-        lost, self.seen = created and self.seen, True
-        if not lost:
+        if not created:
             return False
         log.warning("redis_lost_the_queue", marker=self.key)
         try:

@@ -21,13 +21,15 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import RedisError
 from rq import SimpleWorker, Worker
+from rq.exceptions import StopRequested
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
+from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.errors import OperationalError
 from controlplane.runtime import collect_garbage_less_often
 from controlplane.settings import Settings
-from workers.outage import LostQueueWatch
+from workers.outage import LostQueueWatch, mark_queue
 from workers.queue import command_queue
 
 log = structlog.get_logger(__name__)
@@ -40,6 +42,8 @@ RETRY_FAILED_SECONDS = 30.0
 # A worker that lost Redis tries it again after this long, doubling up to the maximum.
 RECONNECT_FIRST_SECONDS = 0.5
 RECONNECT_MAX_SECONDS = 30.0
+# A worker that served this long before quitting starts its next wait from the first delay.
+STABLE_SECONDS = 60.0
 
 
 class _ToleratesEmbeddedRedis:
@@ -156,41 +160,60 @@ def serve(connect: Callable[[], Redis], queues: Sequence[str],
           on_reconnect: Callable[[], object]) -> None:
     """Run a forking worker until it is asked to stop, outliving a Redis that goes away.
 
-    RQ's worker quits when Redis fails outside its dequeue loop (a heartbeat, its maintenance,
-    a job's bookkeeping). Unless it was asked to stop (SIGTERM or SIGINT: RQ's warm shutdown),
-    this waits for Redis to answer again, with back-off from RECONNECT_FIRST_SECONDS to
-    RECONNECT_MAX_SECONDS, calls `on_reconnect` (Redis may be back empty: the caller reconciles
-    the inbox) and serves again with a new worker. While it waits no job is in hand, so SIGTERM
-    and SIGINT act at once.
+    RQ's worker rides out a Redis outage in its dequeue loop, but quits when Redis fails
+    anywhere else (a heartbeat, its maintenance, a job's bookkeeping), as it does on any error
+    it does not expect (it logs it and returns). Unless it was asked to stop (SIGTERM or
+    SIGINT: RQ's warm shutdown), this waits until Redis answers, marks the queue
+    (`workers.outage`), calls `on_reconnect` (the caller reconciles the inbox: Redis may be back
+    empty) and serves again with a new worker. The wait starts at RECONNECT_FIRST_SECONDS and
+    doubles up to RECONNECT_MAX_SECONDS while the worker keeps quitting within STABLE_SECONDS
+    of starting, so a fault that persists costs a restart and a reconcile every
+    RECONNECT_MAX_SECONDS, never a busy loop. While it waits no job is in hand: SIGTERM exits
+    at once (through the caller's clean-up), SIGINT raises KeyboardInterrupt.
     """
     connection = connect()
+    mark_queue(connection, queues[0])
+    delay = RECONNECT_FIRST_SECONDS
     while True:
         worker = _worker(connection, queues, forking=True, on_queue_lost=on_reconnect)
+        started = time.monotonic()
         try:
             worker.work(burst=False, logging_level="WARNING")
         except RedisError as error:  # RQ's teardown, on the connection that failed
             log.warning("worker_lost_redis", error=f"{type(error).__name__}: {error}")
+        except StopRequested:  # a signal between RQ's loop and its teardown
+            return
         if worker._shutdown_requested_date is not None:  # RQ's mark of a warm shutdown
             return
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        served = time.monotonic() - started
+        log.error("worker_stopped_unexpectedly", served_seconds=round(served, 1))
+        if served > STABLE_SECONDS:
+            delay = RECONNECT_FIRST_SECONDS
+        signal.signal(signal.SIGTERM, _exit_now)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        connection = _reconnected(connect, on_reconnect)
+        connection, delay = _reconnected(connect, queues[0], on_reconnect, delay)
 
 
-def _reconnected(connect: Callable[[], Redis], on_reconnect: Callable[[], object]) -> Redis:
-    delay = RECONNECT_FIRST_SECONDS
+def _exit_now(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def _reconnected(connect: Callable[[], Redis], queue_name: str,
+                 on_reconnect: Callable[[], object], delay: float) -> tuple[Redis, float]:
+    """A connection once Redis answers and the inbox is reconciled; and the next delay."""
     while True:
         log.warning("waiting_for_redis", retry_in_seconds=delay)
         time.sleep(delay)
+        delay = min(delay * 2, RECONNECT_MAX_SECONDS)
         try:
             connection = connect()  # it pings
+            mark_queue(connection, queue_name)
             on_reconnect()
-        except (RedisError, OperationalError) as error:
-            log.warning("redis_still_unreachable", error=f"{type(error).__name__}: {error}")
-            delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+        except (RedisError, OperationalError, SQLAlchemyError) as error:  # Redis or the database
+            log.warning("reconnect_failed", error=f"{type(error).__name__}: {error}")
             continue
-        log.warning("redis_reachable_again")
-        return connection
+        log.warning("serving_again")
+        return connection, delay
 
 
 def free_loopback_port() -> int:

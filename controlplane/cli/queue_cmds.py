@@ -17,6 +17,7 @@ from controlplane.service import Outcome
 from controlplane.submission import MAX_SUBMISSION_BYTES, read_submission
 from events.database import migrate
 from workers.connections import connect, redis_url_in_use
+from workers.outage import mark_queue
 from workers.pipeline import reconcile as reconcile_pending
 from workers.pipeline import submit as submit_commands
 from workers.pipeline import wait_for_decisions
@@ -104,6 +105,9 @@ def worker(burst: bool, queue_names: tuple[str, ...], processes: int) -> None:
     """Run forking RQ workers on FLEET_REDIS_URL (embedded: drain in-process, then stop)."""
     settings, store = settings_and_store()
     queues = queue_names or settings.queues
+    if not burst and redis_url_in_use(settings) is not None:
+        # Before the reconcile: a Redis that loses its data after it is noticed (workers.outage).
+        mark_queue(connect(settings), queues[0])
     reconcile_pending(settings, store)
     url = redis_url_in_use(settings)
     if url is None:

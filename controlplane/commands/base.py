@@ -7,9 +7,10 @@ NaN or infinity and absurd sizes are refused at the edge, before anything is wri
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -29,6 +30,9 @@ class Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+_CACHED = ("occurred_at", "command_type")
+
+
 class CommandBase(Frozen):
     """Fields every command carries. `at` is the command's logical time: policies read no clock."""
 
@@ -46,7 +50,7 @@ class CommandBase(Frozen):
         return value.astimezone(UTC)
 
     # Cached on the instance (a command is immutable); they are not fields, so the payload,
-    # equality and validation never see them.
+    # equality and validation never see them. A copy with changed fields drops them (below).
     @cached_property
     def occurred_at(self) -> str:
         return self.at.isoformat(timespec="microseconds").replace("+00:00", "Z")
@@ -54,6 +58,14 @@ class CommandBase(Frozen):
     @cached_property
     def command_type(self) -> str:
         return str(type(self).model_fields["type"].default)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None,
+                   deep: bool = False) -> Self:
+        """A copy (with `update` applied) that computes its cached values afresh."""
+        copied = super().model_copy(update=update, deep=deep)
+        for name in _CACHED:
+            copied.__dict__.pop(name, None)
+        return copied
 
     def references(self) -> list[tuple[str, str]]:
         """(field, entity key) pairs this command needs to exist, e.g. ("node_id", "node/n1")."""

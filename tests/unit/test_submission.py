@@ -80,3 +80,14 @@ def test_a_usable_fraction_above_one_is_refused() -> None:
 def test_an_empty_submission_is_refused() -> None:
     with pytest.raises(InputError):
         parse_submission("\n\n")
+
+
+def test_a_commands_cached_time_and_type_follow_a_copy_that_changes_them() -> None:
+    (command,) = parse_submission(json.dumps({**assess_memory("a"), "at": "2026-11-30T12:00:00Z"}))
+    assert (command.occurred_at, command.command_type) == ("2026-11-30T12:00:00.000000Z",
+                                                           "AssessMemory")
+    later = command.model_copy(update={"at": command.at.replace(hour=13)})
+    assert later.occurred_at == "2026-11-30T13:00:00.000000Z"
+    assert command.occurred_at == "2026-11-30T12:00:00.000000Z"
+    assert later.payload()["at"] == "2026-11-30T13:00:00Z" and "occurred_at" not in later.payload()
+    assert command == parse_submission(json.dumps(command.payload()))[0]  # caches are not fields
