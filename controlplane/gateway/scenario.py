@@ -13,15 +13,14 @@ from controlplane.commands.gateway import (
     ConfigureRoute,
     CreateReleaseBundle,
     Dispatch,
-    GpuPlanSpec,
     MoveReleasePointer,
     RegisterPrincipal,
     RegisterProfile,
     RegisterSource,
     RegisterTenant,
     RevokePrincipal,
-    SourceRefSpec,
 )
+from controlplane.commands.gateway_specs import GpuPlanSpec, SourceRefSpec
 from controlplane.commands.memory import ModelMemorySpec
 from controlplane.gateway.fixture_provider import FixtureProvider
 from controlplane.gateway.responses import response_for

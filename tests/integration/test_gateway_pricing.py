@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.commands.gateway import ConfigureRoute, ServingEconomicsSpec, TokenPricesSpec
+from controlplane.commands.gateway import ConfigureRoute
+from controlplane.commands.gateway_specs import ServingEconomicsSpec, TokenPricesSpec
 from controlplane.decisions import DecisionContext
 from controlplane.gateway.scenario import GatewayDriver, dispatch, route
 from controlplane.handlers.gateway_config import handle_configure_route

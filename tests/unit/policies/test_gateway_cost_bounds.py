@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from controlplane.commands.base import MAX_TOKENS
-from controlplane.commands.gateway import (
+from controlplane.commands.gateway_specs import (
     MAX_BUSY_REQUESTS_PER_SECOND,
     MAX_COST_UNITS_PER_HOUR,
     MAX_PRICE_PER_TOKEN,
