@@ -41,10 +41,7 @@ from bench.common import (  # noqa: E402
     Measurement,
     WorkerPool,
     check_exactly_once,
-    cores_busy,
-    cpu_jiffies,
     environment,
-    load_average,
     log_position,
     postgres_database,
     redis_db,
@@ -62,6 +59,7 @@ from bench.decision_results import (  # noqa: E402
     Results,
 )
 from bench.figures import add_figures_argument, write_figures  # noqa: E402
+from bench.machine import cores_busy, cpu_jiffies, load_average  # noqa: E402
 from controlplane.commands import CommandBase, command_adapter  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.runtime import open_store, store_for_process  # noqa: E402

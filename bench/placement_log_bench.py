@@ -44,10 +44,10 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     DEFAULT_POSTGRES_URL,
     BenchSkipped,
-    load_average,
     postgres_database,
 )
 from bench.figures import add_figures_argument, write_figures  # noqa: E402
+from bench.machine import load_average  # noqa: E402
 from bench.placement_log_results import figures, table  # noqa: E402
 from controlplane.commands import command_adapter  # noqa: E402
 from controlplane.faults.invariants import gpu_holds  # noqa: E402

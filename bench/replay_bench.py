@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
     format_table,
-    load_average,
 )
 from bench.figures import Figure, add_figures_argument, write_figures  # noqa: E402
+from bench.machine import load_average  # noqa: E402
 
 EVENTS_PER_REQUEST = 6.0  # measured on mixed_fleet: accept, decide and pool event per admit and release
 SEED = 20261130
