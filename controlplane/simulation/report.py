@@ -9,14 +9,33 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from controlplane.simulation.run import SimulationRun
+from controlplane.simulation.config import SimulationConfig
+from controlplane.simulation.fleet import Fleet
+from controlplane.simulation.sampling import Samples
+from controlplane.simulation.traces import Trace
 from controlplane.simulation.world import Fate, RequestState
 
 PERCENTS = (50, 95, 99)
 TIMELINE_POINTS = 200
+
+
+@dataclass
+class SimulationRun:
+    """Everything a report needs: the requests' fates, the fleet's life, the log's decisions."""
+
+    config: SimulationConfig
+    trace: Trace
+    fleet: Fleet
+    requests: list[RequestState]
+    samples: Samples
+    decisions: dict[str, int]
+    end_seconds: float
+    rollout: dict[str, Any] | None
+    placements_refused: int = 0
+    notes: list[str] = field(default_factory=list)
 
 
 def nearest_rank(values: Sequence[float], percent: int) -> float:

@@ -18,7 +18,6 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +31,7 @@ from controlplane.simulation.config import SimulationConfig
 from controlplane.simulation.control import ControlPlane, Decided
 from controlplane.simulation.dataplane import Job
 from controlplane.simulation.fleet import Fleet, build_fleet, replica_from
+from controlplane.simulation.report import SimulationRun
 from controlplane.simulation.routing import Router, block_prompt
 from controlplane.simulation.sampling import Samples
 from controlplane.simulation.traces import Trace
@@ -41,22 +41,6 @@ from controlplane.state.fleet import REPLICA_READY, REPLICA_RELEASED
 from events.store import EventStore
 
 Progress = Callable[[int, int], None]
-
-
-@dataclass
-class SimulationRun:
-    """Everything a report needs: the requests' fates, the fleet's life, the log's decisions."""
-
-    config: SimulationConfig
-    trace: Trace
-    fleet: Fleet
-    requests: list[RequestState]
-    samples: Samples
-    decisions: dict[str, int]
-    end_seconds: float
-    rollout: dict[str, Any] | None
-    placements_refused: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 class Simulation:
