@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -223,19 +224,31 @@ class EventStore:
         self._known_head: tuple[int, str] | None = None
         self._known_versions: dict[str, int] = {}
         self.statistics = PlannerStatistics(engine)
+        # Seconds this store spent taking the append lock, and holding it (to the end of the
+        # commit), over every write transaction so far: where contention between workers shows.
+        self.lock_wait_seconds = 0.0
+        self.lock_held_seconds = 0.0
 
     @contextmanager
     def transaction(self) -> Iterator[LogTransaction]:
         """A write transaction holding the append lock; commits on success, else rolls back."""
-        with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
-            # SQLite: BEGIN IMMEDIATE took the lock; PostgreSQL: the head row's lock.
-            head = conn.execute(HEAD if is_sqlite(self.engine) else _LOCK_HEAD).one()
-            tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
-            if self._known_head == (head.position, head.hash):
-                tx._versions = dict(self._known_versions)
-            yield tx
-            tx.flush()
-            tx.projections.flush(head=(tx.head_position, tx.head_hash))
+        asked = time.perf_counter()
+        locked = None
+        try:
+            with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
+                # SQLite: BEGIN IMMEDIATE took the lock; PostgreSQL: the head row's lock.
+                head = conn.execute(HEAD if is_sqlite(self.engine) else _LOCK_HEAD).one()
+                locked = time.perf_counter()
+                tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
+                if self._known_head == (head.position, head.hash):
+                    tx._versions = dict(self._known_versions)
+                yield tx
+                tx.flush()
+                tx.projections.flush(head=(tx.head_position, tx.head_hash))
+        finally:
+            released = time.perf_counter()
+            self.lock_wait_seconds += (locked or released) - asked
+            self.lock_held_seconds += released - locked if locked is not None else 0.0
         # Committed: remember the versions, bounded so a long-lived process stays small.
         self._known_head = (tx.head_position, tx.head_hash)
         self._known_versions = tx._versions if len(tx._versions) <= MAX_KNOWN_VERSIONS else {}

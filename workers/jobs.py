@@ -43,7 +43,12 @@ def decide_commands(command_ids: list[str]) -> dict[str, Any]:
         if job is not None:
             enqueue_commands(job.connection, settings, ids)
 
-    outcomes = decide(store_for_process(settings), command_ids, enqueue=enqueue_follow_ups)
+    store = store_for_process(settings)
+    waited, held = store.lock_wait_seconds, store.lock_held_seconds
+    outcomes = decide(store, command_ids, enqueue=enqueue_follow_ups)
     decided_now = sum(1 for outcome in outcomes if outcome.decided_now)
-    bound.info("batch_decided", decided_now=decided_now, already_decided=len(outcomes) - decided_now)
+    # How long the batch waited for the append lock and held it: other workers wait that long.
+    bound.info("batch_decided", decided_now=decided_now, already_decided=len(outcomes) - decided_now,
+               lock_wait_ms=round(1000 * (store.lock_wait_seconds - waited), 1),
+               lock_held_ms=round(1000 * (store.lock_held_seconds - held), 1))
     return {"decided_now": decided_now, "already_decided": len(outcomes) - decided_now}

@@ -77,3 +77,41 @@ def test_each_decision_is_logged_at_info_level_and_not_above_it(
             configure_logging(None)
     assert '"command_decided"' in info and ids[0] in info
     assert "command_decided" not in warning
+
+
+def test_a_batch_logs_how_long_it_waited_for_the_append_lock_and_held_it(
+        store: EventStore, capsys: Any) -> None:
+    import json
+    import threading
+    import time
+
+    from controlplane.logging import configure_logging
+    from controlplane.runtime import store_for_process
+    from controlplane.settings import Settings
+    from workers.jobs import decide_commands
+
+    ids = accepted(store, *inventory(nodes=1, gpus_per_node=2), model())
+    assert store_for_process(Settings.from_env()) is not store
+    holding = threading.Event()
+
+    def hold_the_lock() -> None:  # another writer (its own engine) holds the lock for 0.3 s
+        with store.transaction():
+            holding.set()
+            time.sleep(0.3)
+
+    other = threading.Thread(target=hold_the_lock)
+    try:
+        configure_logging("INFO")
+        other.start()
+        holding.wait(5)
+        decide_commands(ids)
+        other.join()
+        lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()
+                 if line.startswith("{")]
+    finally:
+        with capsys.disabled():
+            configure_logging(None)
+    (batch,) = [line for line in lines if line["event"] == "batch_decided"]
+    assert batch["decided_now"] == len(ids)
+    assert batch["lock_wait_ms"] >= 200  # it waited for the other writer...
+    assert 0 < batch["lock_held_ms"] < 300  # ...whose 300 ms hold is not counted as its own
