@@ -7,6 +7,7 @@ index is flushed before and after, and worker processes are stopped by their pro
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -53,6 +54,7 @@ class Measurement:
     seconds: float
     note: str = ""
     cores_busy: float | None = None  # the whole machine's CPUs busy during the run, on average
+    lock_held: float | None = None  # the share of the run some batch held the append lock
 
     @property
     def per_second(self) -> float:
@@ -63,6 +65,7 @@ class Measurement:
                 "commands": self.commands, "seconds": round(self.seconds, 4),
                 "decisions_per_second": round(self.per_second, 1), "note": self.note,
                 "cores_busy": None if self.cores_busy is None else round(self.cores_busy, 2),
+                "lock_held": None if self.lock_held is None else round(self.lock_held, 2),
                 **extra}
 
 
@@ -257,6 +260,18 @@ class WorkerPool:
             if any(p.poll() is not None for p in self.processes) or time.monotonic() > deadline:
                 raise RuntimeError(f"workers did not start; their log ends:\n{tail(self.log_path)}")
             time.sleep(0.02)
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def lock_held_seconds(self, since: int) -> float | None:
+        """Seconds the workers' batches held the append lock, from their `batch_decided` lines
+        written after byte `since` of their log (None when the workers log below INFO)."""
+        with self.log_path.open("rb") as log_file:
+            log_file.seek(since)
+            held = [json.loads(line)["lock_held_ms"] for line in log_file
+                    if line.startswith(b"{") and b'"batch_decided"' in line]
+        return sum(held) / 1000 if held else None
 
     def __enter__(self) -> WorkerPool:
         return self

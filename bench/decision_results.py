@@ -46,9 +46,10 @@ class Results:
             rows.append([run.path, run.store, run.workers, f"{run.commands:,}",
                          f"{run.seconds:.2f}", f"{run.per_second:,.0f}",
                          _ratio(ratios.get("ratio_to_floor")), _ratio(ratios.get("ratio_to_naive")),
-                         "-" if run.cores_busy is None else f"{run.cores_busy:.2f}"])
+                         "-" if run.cores_busy is None else f"{run.cores_busy:.2f}",
+                         "-" if run.lock_held is None else f"{run.lock_held:.2f}"])
         return format_table(["path", "store", "workers", "commands", "seconds", "decisions/s",
-                             "x floor", "x naive", "cores busy"], rows)
+                             "x floor", "x naive", "cores busy", "lock held"], rows)
 
     def goals(self) -> list[tuple[str, bool | None]]:
         """The issue's bar and the later goals, each met, missed, or None when not measured."""

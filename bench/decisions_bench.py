@@ -151,7 +151,7 @@ def run_queued(path: str, store_label: str, setup: Setup, traffic: list[dict[str
     timed_from = set_up(settings, store, setup, run, pool.processes)
     commands = commands_for(traffic, run)
     timeout = max(MIN_RUN_TIMEOUT_SECONDS, len(commands) / MIN_DECISIONS_PER_SECOND)
-    cpu, started = cpu_jiffies(), time.monotonic()
+    log_from, cpu, started = pool.log_size(), cpu_jiffies(), time.monotonic()
     submit(settings, store, commands)
     try:
         finished = wait_for_decisions(store.engine, timeout, pool.processes)
@@ -160,8 +160,10 @@ def run_queued(path: str, store_label: str, setup: Setup, traffic: list[dict[str
             from None
     busy = cores_busy(cpu, cpu_jiffies())
     check_exactly_once(store, label, commands_in(setup) + len(commands))
+    held = pool.lock_held_seconds(log_from)
     return Measurement(path, store_label, str(workers), len(commands), finished - started,
-                       cores_busy=busy), timed_from
+                       cores_busy=busy,
+                       lock_held=None if held is None else held / (finished - started)), timed_from
 
 
 def run_all(args: argparse.Namespace, results: Results, progress: Callable[[str], None]) -> None:
@@ -198,8 +200,9 @@ def run_real_store(args: argparse.Namespace, results: Results, label: str,
     floor_key = "postgres" if label == POSTGRES_REDIS else "sqlite"
     with _database(label, args.postgres_url, scratch) as url, redis_db(args.redis_url) as redis:
         store = open_store(url)
+        # INFO: each batch's line says how long it held the append lock (`lock held` column).
         env = {"FLEET_DATABASE_URL": url, "FLEET_REDIS_URL": args.redis_url,
-               "FLEET_LOG_LEVEL": "WARNING"}
+               "FLEET_LOG_LEVEL": "INFO"}
         with WorkerPool(env, scratch / f"{label}-workers.log", redis) as pool:
             for workers in sorted(set(WORKER_COUNTS) | set(args.naive_workers)):
                 pool.grow_to(workers)
@@ -278,7 +281,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               " batched run on that database stored (CommandAccepted + decision events), copied,"
               " into an empty log.\ncores busy: the machine's CPUs in use during the run, on average (every"
               " process: workers, database, Redis, the submitter; of "
-              f"{os.cpu_count()}).")
+              f"{os.cpu_count()}).\nlock held: the share of the run some batch held the append"
+              " lock (from the workers' batch_decided lines); near 1, more workers cannot help.")
         for goal, met in results.goals():
             print(f"goal: {goal}: {'not measured' if met is None else 'met' if met else 'MISSED'}")
         for line in [f"skipped: {s}" for s in results.skipped] + [f"FAILED: {f}" for f in results.failed]:
