@@ -132,6 +132,12 @@ class PolicyBook:
     def __init__(self, overrides: dict[str, dict[str, Any]] | None = None) -> None:
         self.overrides = overrides or {}
 
+    def after_set(self, name: str, version: int, parameters: dict[str, Any]) -> PolicyInForce:
+        """What `in_force` will resolve once version `version` of `name` is recorded."""
+        if name in self.overrides:
+            return PolicyInForce(name, "what-if", self.overrides[name])
+        return PolicyInForce(name, version, parameters)
+
     def in_force(self, state: StateView, name: str) -> PolicyInForce:
         if name in self.overrides:
             return PolicyInForce(name, "what-if", self.overrides[name])

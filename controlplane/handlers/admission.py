@@ -48,7 +48,6 @@ from controlplane.policies.admission import (
     AdmissionRequest,
     PoolState,
     decide_admission,
-    promote,
     release,
 )
 from controlplane.policies.admission_records import SETTLED, settled_record_expired
@@ -71,7 +70,8 @@ EVENT_TYPES = {AdmissionAction.ADMIT: REQUEST_ADMITTED, AdmissionAction.QUEUE: R
                AdmissionAction.SHED: REQUEST_SHED, AdmissionAction.RELEASE: REQUEST_RELEASED}
 
 
-def _record(row: dict[str, Any]) -> AdmissionRecord:
+def admission_record(row: dict[str, Any]) -> AdmissionRecord:
+    """A request's `admission_request` row as the pure policy's record."""
     request = AdmissionRequest(row["request_id"], row["prompt_tokens"], row["max_output_tokens"],
                                row["deadline_at_seconds"])
     decision = AdmissionDecision(row["request_id"], AdmissionAction(row["action"]),
@@ -86,7 +86,7 @@ def _still_recorded(row: dict[str, Any] | None, now: float, rules: AdmissionPoli
         and settled_record_expired(row["decided_at_seconds"], now, rules))
 
 
-def _request_event(command: CommandBase, ctx: DecisionContext, slot: str,
+def request_event(command: CommandBase, ctx: DecisionContext, slot: str,
                    decision: AdmissionDecision, request: AdmissionRequest, pool_id: str,
                    now: float, policy: PolicyInForce, inputs: dict[str, Any],
                    causes: list[str], sequences: Iterator[int]) -> NewEvent:
@@ -147,7 +147,7 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
                                command.max_output_tokens, seconds(command.deadline_at))
     row = ctx.state.get(ADMISSION_REQUEST, command.request_id)
     if row is not None and _still_recorded(row, now, admission_policy(policy)):
-        same = _record(row).request == request and row["pool_id"] == command.pool_id
+        same = admission_record(row).request == request and row["pool_id"] == command.pool_id
         return _answer_again(command, ctx, row, same, policy)
     capacity = pool_capacity(ctx.state, command.pool_id, policy)
     admission = ctx.state.get(ADMISSION, command.pool_id) or empty_pool_admission(command.pool_id)
@@ -170,7 +170,7 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
     if decision.action is AdmissionAction.SHED:
         causes = warming_placements(ctx.state, capacity)
         decision = _explained_shed(decision, capacity, policy, causes)
-    event = _request_event(command, ctx, "decision", decision, request, command.pool_id, now,
+    event = request_event(command, ctx, "decision", decision, request, command.pool_id, now,
                            policy, inputs, causes, settled_sequences(admission))
     queue = list(admission["queue"])
     if decision.action is AdmissionAction.QUEUE:
@@ -201,7 +201,7 @@ def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[S
     # With no ready capacity nothing can be promoted: the policy sees no queue to walk.
     promote = capacity.budget_tokens > 0
     state = PoolState(admission["live_tokens"], queue if promote else (),
-                      tuple(_record(r) for r in rows.values()))
+                      tuple(admission_record(r) for r in rows.values()))
     try:
         decisions, after = release(state, command.request_id, now,
                                    admission_policy(policy, max(capacity.budget_tokens, 1)))
@@ -212,57 +212,16 @@ def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[S
     inputs = {"command": command.payload(), "pool": capacity.facts(),
               "admission": {"live_tokens": admission["live_tokens"], "queue": list(queue)}}
     sequences = settled_sequences(admission)
-    released = _request_event(command, ctx, "decision", decisions[0],
-                              _record(row).request, pool_id, now, policy, inputs, [], sequences)
-    followers = [_request_event(command, ctx, f"promote/{d.request_id}", d,
-                                _record(rows[d.request_id]).request, pool_id, now, policy,
+    released = request_event(command, ctx, "decision", decisions[0],
+                              admission_record(row).request, pool_id, now, policy, inputs, [], sequences)
+    followers = [request_event(command, ctx, f"promote/{d.request_id}", d,
+                                admission_record(rows[d.request_id]).request, pool_id, now, policy,
                                 inputs, [released.event_id], sequences) for d in decisions[1:]]
     appends = [append_to(stream, ctx, released)]
     appends += [append_to(f"request/{e.data['result']['request_id']}", ctx, e) for e in followers]
     remaining = list(after.queue) if promote else [rid for rid in queue if rid != command.request_id]
     appends.append(pool_event(command, ctx, admission, after.live_tokens, remaining,
                               [released, *followers], now, admission_policy(policy)))
-    return appends
-
-
-def promote_on_ready(command: CommandBase, ctx: DecisionContext, replica: dict[str, Any],
-                     cause_event_id: str) -> list[StreamAppend]:
-    """Queued requests a replica's new ready capacity admits, in the decision making it ready.
-
-    The pool's budget grows by the replica's KV capacity times the admission policy's fraction;
-    the queue is walked from its head (FIFO) while the head fits, a head past its deadline shed.
-    Each promotion is a decision of its own on `request/<id>`, caused by `cause_event_id` (the
-    replica's readiness), and the pool's admission state follows, as a release promotes.
-    """
-    pool_id = replica["pool_id"]
-    admission = ctx.state.get(ADMISSION, pool_id)
-    if admission is None or not admission["queue"]:
-        return []
-    policy = ctx.policies.in_force(ctx.state, "admission")
-    before = pool_capacity(ctx.state, pool_id, policy)
-    capacity = before.with_ready(replica["replica_id"],
-                                 before.warming.get(replica["replica_id"],
-                                                    replica["kv_capacity_tokens"]))
-    if capacity.budget_tokens <= before.budget_tokens:
-        return []
-    now = seconds(command.at)
-    queue = tuple(admission["queue"])
-    rows = {rid: found for rid in queue
-            if (found := ctx.state.get(ADMISSION_REQUEST, rid)) is not None}
-    decisions, after = promote(
-        PoolState(admission["live_tokens"], queue, tuple(_record(r) for r in rows.values())),
-        now, admission_policy(policy, capacity.budget_tokens))
-    if not decisions:
-        return []
-    inputs = {"command": command.payload(), "pool": capacity.facts(),
-              "admission": {"live_tokens": admission["live_tokens"], "queue": list(queue)}}
-    sequences = settled_sequences(admission)
-    promoted = [_request_event(command, ctx, f"promote/{d.request_id}", d,
-                               _record(rows[d.request_id]).request, pool_id, now, policy, inputs,
-                               [cause_event_id], sequences) for d in decisions]
-    appends = [append_to(f"request/{e.data['result']['request_id']}", ctx, e) for e in promoted]
-    appends.append(pool_event(command, ctx, admission, after.live_tokens, list(after.queue),
-                              promoted, now, admission_policy(policy)))
     return appends
 
 

@@ -125,8 +125,9 @@ def _forget_settled(state: StateView, before: dict[str, Any], decided: list[NewE
 
 def pool_event(command: CommandBase, ctx: DecisionContext, before: dict[str, Any],
                live_tokens: int, queue: list[str], decided: list[NewEvent], now: float,
-               rules: AdmissionPolicy) -> StreamAppend:
-    """The pool's admission state after `decided`, with the settled records it forgets."""
+               rules: AdmissionPolicy, slot: str = "pool") -> StreamAppend:
+    """The pool's admission state after `decided`, with the settled records it forgets; `slot`
+    names the event within its command's decision (one per pool the command changes)."""
     counts = dict(before["decisions"])
     for event in decided:
         counts[event.data["outcome"]] += 1
@@ -147,4 +148,4 @@ def pool_event(command: CommandBase, ctx: DecisionContext, before: dict[str, Any
     data = decision_data(outcome="applied", reasons=reasons, result=after, policy=None, inputs={},
                          ctx=ctx, causes=[event.event_id for event in decided])
     return append_to(f"pool/{before['pool_id']}", ctx,
-                     new_event(command, ctx, "pool", POOL_ADMISSION_CHANGED, data))
+                     new_event(command, ctx, slot, POOL_ADMISSION_CHANGED, data))

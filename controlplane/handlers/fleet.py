@@ -16,6 +16,7 @@ from controlplane.decisions import (
     rejection,
 )
 from controlplane.errors import InputError
+from controlplane.handlers.admission_promotion import promote_on_policy
 from controlplane.handlers.base import Handler, Precheck
 from controlplane.handlers.placement import release_events
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
@@ -110,7 +111,8 @@ def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[St
 
 
 def handle_set_policy(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
-    """A new version of a policy; decisions after it record the version they used."""
+    """A new version of a policy; decisions after it record the version they used. A new
+    admission version that grows pools' budgets promotes their queues in the same decision."""
     assert isinstance(command, SetPolicy)
     stream = f"policy/{command.name}"
     version = ctx.stream_version(stream) + 1
@@ -120,7 +122,12 @@ def handle_set_policy(command: CommandBase, ctx: DecisionContext) -> list[Stream
     data = decision_data(outcome="set", reasons=[reason],
                          result={"name": command.name, "version": version, "parameters": parameters},
                          policy=None, inputs=command.payload(), ctx=ctx)
-    return [append_to(stream, ctx, new_event(command, ctx, "decision", POLICY_SET, data))]
+    decided = new_event(command, ctx, "decision", POLICY_SET, data)
+    appends = [append_to(stream, ctx, decided)]
+    if command.name == "admission":  # a larger budget fraction admits what now fits
+        in_force = ctx.policies.after_set(command.name, version, parameters)
+        appends += promote_on_policy(command, ctx, in_force, decided.event_id)
+    return appends
 
 
 def precheck_set_policy(command: CommandBase, state: StateView) -> list[tuple[str, str]]:

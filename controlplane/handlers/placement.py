@@ -13,7 +13,7 @@ from typing import Any
 from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import MarkReplicaReady, PlaceReplica, ReleaseReplica
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
-from controlplane.handlers.admission import promote_on_ready
+from controlplane.handlers.admission_promotion import promote_on_ready
 from controlplane.handlers.base import Handler, Reads
 from controlplane.policies.memory import (
     DeploymentMemory,

@@ -130,6 +130,34 @@ def test_a_replica_becoming_ready_admits_the_queue_head_in_its_own_decision(
     assert_replay_exact(store)
 
 
+def test_a_larger_budget_fraction_admits_the_queue_head_under_the_new_policy_version(
+        store: EventStore) -> None:
+    capacity = ready_pool(store, "r1", max_queued_requests=5, live_token_budget_fraction=0.5)
+    half = capacity["r1"] // 2
+    run(store, admit("fill", half, second=1), admit("head", 100, second=2),
+        admit("big", capacity["r1"], second=3))
+    assert [decision(store, f"admit-{r}").data["outcome"] for r in ("fill", "head", "big")] == \
+        ["admit", "queue", "queue"]
+    run(store, {**set_admission("admission-policy-2", max_queued_requests=5,
+                                live_token_budget_fraction=1.0), "at": at(10)})
+    events = store.events_for_command("admission-policy-2")
+    policy_set = next(e for e in events if e.event_type == "PolicySet")
+    admitted = [e for e in events if e.event_type == "RequestAdmitted"]
+    assert [e.data["result"]["request_id"] for e in admitted] == ["head"]  # FIFO; big waits
+    assert admitted[0].data["policy"]["version"] == policy_set.data["result"]["version"] == 2
+    assert reason(admitted[0])["facts"]["max_live_tokens"] == capacity["r1"]
+    assert admitted[0].data["causes"] == [policy_set.event_id]
+    row = state_at(store).get("admission", POOL)
+    assert row is not None and row["queue"] == ["big"] and row["live_tokens"] == half + 100
+    # A version that does not grow the budget decides no admission.
+    run(store, set_admission("admission-policy-3", max_queued_requests=4,
+                             live_token_budget_fraction=1.0))
+    assert [e.event_type for e in store.events_for_command("admission-policy-3")] == \
+        ["CommandAccepted", "PolicySet"]
+    assert verify_decisions(store).drifts == []
+    assert_replay_exact(store)
+
+
 def test_a_pool_with_only_warming_replicas_sheds_for_no_ready_capacity(store: EventStore) -> None:
     run(store, register_node("n1"), register_model(), place_replica("r1"), admit("early", 10))
     shed = decision(store, "admit-early")
