@@ -7,13 +7,10 @@ index is flushed before and after, and worker processes are stopped by their pro
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
-import signal
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from redis import Redis
-from rq import Worker
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 
@@ -35,8 +31,6 @@ from events.tables import events_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-WORKER_READY_TIMEOUT_SECONDS = 60.0
-WORKER_STOP_TIMEOUT_SECONDS = 30.0
 
 
 class BenchSkipped(Exception):
@@ -234,67 +228,3 @@ def storage_floor(database_url: str, rows: list[dict[str, Any]], store_label: st
     return Measurement("floor", store_label, "-", decisions, seconds,
                        f"one bulk insert of {len(rows)} copied event rows, median of "
                        f"{', '.join(f'{t:.2f}' for t in timings)} s")
-
-
-class WorkerPool:
-    """Long-running `fleetctl worker` processes (forking RQ workers) on one database and Redis.
-
-    The pool only grows, and every worker is registered and idle before a run's clock starts, so
-    start-up (imports, reconcile) is never timed. Workers are stopped with SIGTERM (RQ's warm
-    shutdown) by process id, then killed if they linger.
-    """
-
-    def __init__(self, env: dict[str, str], log_path: Path, connection: Redis) -> None:
-        self.env, self.log_path, self.connection = env, log_path, connection
-        self.processes: list[subprocess.Popen[bytes]] = []
-
-    def grow_to(self, count: int) -> None:
-        args = [sys.executable, "-m", "controlplane.cli.main", "worker"]
-        with self.log_path.open("ab") as log_file:
-            while len(self.processes) < count:
-                self.processes.append(subprocess.Popen(
-                    args, cwd=ROOT, env={**os.environ, **self.env}, stdout=log_file,
-                    stderr=subprocess.STDOUT, start_new_session=True))
-        deadline = time.monotonic() + WORKER_READY_TIMEOUT_SECONDS
-        while Worker.count(connection=self.connection) < count:
-            if any(p.poll() is not None for p in self.processes) or time.monotonic() > deadline:
-                raise RuntimeError(f"workers did not start; their log ends:\n{tail(self.log_path)}")
-            time.sleep(0.02)
-
-    def log_size(self) -> int:
-        return self.log_path.stat().st_size if self.log_path.exists() else 0
-
-    def lock_held_seconds(self, since: int) -> float | None:
-        """Seconds the workers' batches held the append lock, from their `batch_decided` lines
-        written after byte `since` of their log (None when the workers log below INFO)."""
-        with self.log_path.open("rb") as log_file:
-            log_file.seek(since)
-            held = [json.loads(line)["lock_held_ms"] for line in log_file
-                    if line.startswith(b"{") and b'"batch_decided"' in line]
-        return sum(held) / 1000 if held else None
-
-    def __enter__(self) -> WorkerPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        stop_processes(self.processes)
-
-
-def stop_processes(processes: Sequence[subprocess.Popen[bytes]]) -> None:
-    """Warm-stop each process by its id; kill its own process group if it outlives the timeout."""
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    for process in processes:
-        try:
-            process.wait(timeout=WORKER_STOP_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # its own session: the worker and its horse
-            process.wait()
-
-
-def tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""

@@ -39,7 +39,6 @@ from bench.common import (  # noqa: E402
     DEFAULT_POSTGRES_URL,
     BenchSkipped,
     Measurement,
-    WorkerPool,
     check_exactly_once,
     environment,
     log_position,
@@ -48,7 +47,6 @@ from bench.common import (  # noqa: E402
     reset_log,
     storage_floor,
     stored_rows,
-    tail,
     wait_for_decisions,
 )
 from bench.decision_results import (  # noqa: E402
@@ -60,6 +58,7 @@ from bench.decision_results import (  # noqa: E402
 )
 from bench.figures import add_figures_argument, write_figures  # noqa: E402
 from bench.machine import cores_busy, cpu_jiffies, load_average  # noqa: E402
+from bench.worker_pool import WorkerPool, tail  # noqa: E402
 from controlplane.commands import CommandBase, command_adapter  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.runtime import open_store, store_for_process  # noqa: E402
@@ -160,7 +159,7 @@ def run_queued(path: str, store_label: str, setup: Setup, traffic: list[dict[str
             from None
     busy = cores_busy(cpu, cpu_jiffies())
     check_exactly_once(store, label, commands_in(setup) + len(commands))
-    held = pool.lock_held_seconds(log_from)
+    held = pool.lock_held_seconds(log_from, len(commands))
     return Measurement(path, store_label, str(workers), len(commands), finished - started,
                        cores_busy=busy,
                        lock_held=None if held is None else held / (finished - started)), timed_from

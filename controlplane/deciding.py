@@ -74,17 +74,33 @@ def decide_batch(store: EventStore, prepared: list[Prepared],
     for attempt in range(MAX_CONFLICT_RETRIES):
         try:
             with store.transaction() as tx:
-                return _decide_in(tx, prepared, policies)
+                outcomes = _decide_in(tx, prepared, policies)
         except ConcurrencyConflict as conflict:
             log.warning("decision_conflict_retry", attempt=attempt, stream_id=conflict.stream_id)
+            continue
+        _log_outcomes(outcomes)
+        return outcomes
     raise RuntimeError(f"gave up after {MAX_CONFLICT_RETRIES} version conflicts")
+
+
+def _log_outcomes(outcomes: list[Outcome]) -> None:
+    """One INFO line per command, once its decision is committed (never under the lock, and
+    never for a transaction that rolled back)."""
+    batch_log = log.bind()  # bound once per batch, and each line built only if kept
+    if not batch_log.is_enabled_for(logging.INFO):
+        return
+    for outcome in outcomes:
+        if outcome.decided_now:
+            batch_log.info("command_decided", command_id=outcome.command_id,
+                           stream_ids=sorted({e.stream_id for e in outcome.events}),
+                           event_ids=[e.event_id for e in outcome.events])
+        else:
+            batch_log.info("command_already_decided", command_id=outcome.command_id)
 
 
 def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBook) -> list[Outcome]:
     """Decide each command against `tx`'s state, the rows and versions it names read ahead."""
     outcomes = []
-    batch_log = log.bind()  # bound once per batch, and each decision's line built only if kept
-    detailed = batch_log.is_enabled_for(logging.INFO)
     ids = [p.command_id for p in prepared]
     tx.prefetch_versions([key for p in prepared for key in _streams_hinted(p.command)])
     tx.projections.prefetch([*((PENDING, command_id) for command_id in ids),
@@ -97,7 +113,6 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
     for item in prepared:
         decided = decided_meanwhile.get(item.command_id)
         if decided:
-            batch_log.info("command_already_decided", command_id=item.command_id)
             outcomes.append(Outcome(item.command_id, False, tuple(decided)))
             continue
         context = DecisionContext(tx.projections, tx.head_position, tx.stream_version, policies,
@@ -107,10 +122,6 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
                              check_existing=False)
         for event in appended:
             apply_event(tx.projections, event)
-        if detailed:
-            batch_log.info("command_decided", command_id=item.command_id,
-                           stream_ids=sorted({e.stream_id for e in appended}),
-                           event_ids=[e.event_id for e in appended])
         outcomes.append(Outcome(item.command_id, True, tuple(appended)))
     return outcomes
 

@@ -52,19 +52,24 @@ def promote_on_policy(command: CommandBase, ctx: DecisionContext, policy: Policy
         if admission["queue"]:
             appends += promote_queue(command, ctx, pool_capacity(ctx.state, pool_id, old),
                                      pool_capacity(ctx.state, pool_id, policy), policy,
-                                     cause_event_id, pool_slot=f"pool/{pool_id}")
+                                     cause_event_id, pool_slot=f"pool/{pool_id}",
+                                     why="a larger budget under the new admission policy admits "
+                                         "the head of the queue")
     return appends
 
 
 def promote_queue(command: CommandBase, ctx: DecisionContext, before: PoolCapacity,
                   after: PoolCapacity, policy: PolicyInForce, cause_event_id: str,
-                  pool_slot: str = "pool") -> list[StreamAppend]:
+                  pool_slot: str = "pool",
+                  why: str = "new ready capacity admits the head of the queue",
+                  ) -> list[StreamAppend]:
     """Promote a pool's queue when its budget grows from `before` to `after`, under `policy`.
 
     The queue is walked from its head (FIFO) while the head fits, a head past its deadline
     shed. Each promotion is a decision of its own on `request/<id>`, caused by
     `cause_event_id` (what grew the budget), and the pool's admission state follows (its event
-    in slot `pool_slot`), as a release promotes. A budget that did not grow decides nothing.
+    in slot `pool_slot`), as a release promotes; `why` is their message. A budget that did not
+    grow decides nothing.
     """
     admission = ctx.state.get(ADMISSION, after.pool_id)
     if admission is None or not admission["queue"] or after.budget_tokens <= before.budget_tokens:
@@ -75,7 +80,7 @@ def promote_queue(command: CommandBase, ctx: DecisionContext, before: PoolCapaci
             if (found := ctx.state.get(ADMISSION_REQUEST, rid)) is not None}
     decisions, state = promote(
         PoolState(admission["live_tokens"], queue, tuple(admission_record(r) for r in rows.values())),
-        now, admission_policy(policy, after.budget_tokens))
+        now, admission_policy(policy, after.budget_tokens), why)
     if not decisions:
         return []
     inputs = {"command": command.payload(), "pool": after.facts(),

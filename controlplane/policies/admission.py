@@ -232,16 +232,18 @@ def release(state: PoolState, request_id: str, now: float,
     return (released, *promoted), state
 
 
-def promote(state: PoolState, now: float,
-            policy: AdmissionPolicy) -> tuple[tuple[AdmissionDecision, ...], PoolState]:
+def promote(state: PoolState, now: float, policy: AdmissionPolicy,
+            why: str = "new ready capacity admits the head of the queue",
+            ) -> tuple[tuple[AdmissionDecision, ...], PoolState]:
     """Admit the queue's head while it fits under a budget that grew (FIFO, no overtaking).
 
     A head whose deadline has passed is shed and the walk goes on; the walk stops at the first
-    head that does not fit. Nothing queued, or nothing that fits, decides nothing.
+    head that does not fit. Nothing queued, or nothing that fits, decides nothing. `why` is the
+    promotions' message (what grew the budget); their code is `promoted_from_queue`.
     """
     _validate_policy(policy)
     _validate_time(now)
-    return _promote(state, now, policy, "new ready capacity admits the head of the queue")
+    return _promote(state, now, policy, why)
 
 
 def _promote(state: PoolState, now: float, policy: AdmissionPolicy,

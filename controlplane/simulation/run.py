@@ -173,7 +173,7 @@ class Simulation:
                 pending, self.unrouted = self.unrouted, []
                 for request in pending:
                     self._push(now, "route", request)
-            if kind in ("ReleaseRequest", "MarkReplicaReady"):  # the queue's promotions
+            if kind != "AdmitRequest":  # the queue's promotions (a release, readiness, a policy)
                 for event in item.of_type(REQUEST_ADMITTED, REQUEST_SHED):
                     self._settle(event.data["result"]["request_id"], event.event_type,
                                  event.data, now, promoted=True)

@@ -146,6 +146,8 @@ def test_a_larger_budget_fraction_admits_the_queue_head_under_the_new_policy_ver
     assert [e.data["result"]["request_id"] for e in admitted] == ["head"]  # FIFO; big waits
     assert admitted[0].data["policy"]["version"] == policy_set.data["result"]["version"] == 2
     assert reason(admitted[0])["facts"]["max_live_tokens"] == capacity["r1"]
+    assert reason(admitted[0])["code"] == "promoted_from_queue"
+    assert "new admission policy" in reason(admitted[0])["message"]
     assert admitted[0].data["causes"] == [policy_set.event_id]
     row = state_at(store).get("admission", POOL)
     assert row is not None and row["queue"] == ["big"] and row["live_tokens"] == half + 100
