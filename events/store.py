@@ -233,7 +233,7 @@ class EventStore:
     def transaction(self) -> Iterator[LogTransaction]:
         """A write transaction holding the append lock; commits on success, else rolls back."""
         asked = time.perf_counter()
-        locked = None
+        locked: float | None = None
         try:
             with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
                 # SQLite: BEGIN IMMEDIATE took the lock; PostgreSQL: the head row's lock.
@@ -247,8 +247,9 @@ class EventStore:
                 tx.projections.flush(head=(tx.head_position, tx.head_hash))
         finally:
             released = time.perf_counter()
-            self.lock_wait_seconds += (locked or released) - asked
-            self.lock_held_seconds += released - locked if locked is not None else 0.0
+            locked = released if locked is None else locked  # never took it: all of it waiting
+            self.lock_wait_seconds += locked - asked
+            self.lock_held_seconds += released - locked
         # Committed: remember the versions, bounded so a long-lived process stays small.
         self._known_head = (tx.head_position, tx.head_hash)
         self._known_versions = tx._versions if len(tx._versions) <= MAX_KNOWN_VERSIONS else {}

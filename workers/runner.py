@@ -136,13 +136,13 @@ class FleetSimpleWorker(_ToleratesEmbeddedRedis, SimpleWorker):
 
 
 def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
-         max_jobs: int | None = None, on_queue_lost: Callable[[], object] | None = None) -> bool:
+         max_jobs: int | None = None) -> bool:
     """Run one worker until the queues are empty (burst) or forever; True if it did any job.
 
     Forking workers run each job in a child process, so a job killed mid-batch never takes the
     worker with it; the in-process worker serves the embedded fake Redis, which is per process.
     """
-    worker = _worker(connection, queues, forking, on_queue_lost)
+    worker = _worker(connection, queues, forking)
     return bool(worker.work(burst=burst, max_jobs=max_jobs, logging_level="WARNING"))
 
 

@@ -105,11 +105,11 @@ def worker(burst: bool, queue_names: tuple[str, ...], processes: int) -> None:
     """Run forking RQ workers on FLEET_REDIS_URL (embedded: drain in-process, then stop)."""
     settings, store = settings_and_store()
     queues = queue_names or settings.queues
-    if not burst and redis_url_in_use(settings) is not None:
+    url = redis_url_in_use(settings)
+    if not burst and url is not None:
         # Before the reconcile: a Redis that loses its data after it is noticed (workers.outage).
         mark_queue(connect(settings), queues[0])
     reconcile_pending(settings, store)
-    url = redis_url_in_use(settings)
     if url is None:
         click.echo("embedded queue: decided every pending command in-process", err=True)
         return

@@ -20,7 +20,7 @@ from controlplane.handlers.admission_pool import (
     pool_event,
     settled_sequences,
 )
-from controlplane.policies.admission import PoolState, promote
+from controlplane.policies.admission import CAPACITY_READY, PoolState, promote
 from controlplane.policy_book import PolicyInForce
 from controlplane.state.admission import ADMISSION, ADMISSION_REQUEST
 from events.model import StreamAppend
@@ -60,9 +60,7 @@ def promote_on_policy(command: CommandBase, ctx: DecisionContext, policy: Policy
 
 def promote_queue(command: CommandBase, ctx: DecisionContext, before: PoolCapacity,
                   after: PoolCapacity, policy: PolicyInForce, cause_event_id: str,
-                  pool_slot: str = "pool",
-                  why: str = "new ready capacity admits the head of the queue",
-                  ) -> list[StreamAppend]:
+                  pool_slot: str = "pool", why: str = CAPACITY_READY) -> list[StreamAppend]:
     """Promote a pool's queue when its budget grows from `before` to `after`, under `policy`.
 
     The queue is walked from its head (FIFO) while the head fits, a head past its deadline

@@ -232,8 +232,11 @@ def release(state: PoolState, request_id: str, now: float,
     return (released, *promoted), state
 
 
-def promote(state: PoolState, now: float, policy: AdmissionPolicy,
-            why: str = "new ready capacity admits the head of the queue",
+# What a promotion says when the budget grew because capacity became ready.
+CAPACITY_READY = "new ready capacity admits the head of the queue"
+
+
+def promote(state: PoolState, now: float, policy: AdmissionPolicy, why: str = CAPACITY_READY,
             ) -> tuple[tuple[AdmissionDecision, ...], PoolState]:
     """Admit the queue's head while it fits under a budget that grew (FIFO, no overtaking).
 
