@@ -9,6 +9,7 @@ from typing import Any
 from controlplane.commands import CommandBase
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.policy_book import PolicyBook, PolicyInForce
+from events.canonical import Plain
 from events.model import NewEvent, StreamAppend, derived_event_id
 from events.projections import StateView
 
@@ -32,6 +33,12 @@ class DecisionContext:
     accepted_event_id: str | None
 
 
+def inbox_record(command: CommandBase) -> Plain:
+    """What `CommandAccepted` records: the command's payload (pydantic's JSON mode, finite
+    numbers only) and the entity keys it creates, plain and built afresh."""
+    return Plain({"command": command.payload(), "creates": list(command.creates())})
+
+
 def new_event(command: CommandBase, ctx: DecisionContext, slot: str, event_type: str,
               data: dict[str, Any]) -> NewEvent:
     """An event of `command`'s decision, with an id stable across re-handling."""
@@ -51,16 +58,20 @@ def new_event(command: CommandBase, ctx: DecisionContext, slot: str, event_type:
 def decision_data(*, outcome: str, reasons: tuple[Reason, ...] | list[Reason],
                   result: dict[str, Any], policy: PolicyInForce | None, inputs: dict[str, Any],
                   ctx: DecisionContext, causes: list[str] | None = None) -> dict[str, Any]:
-    """The recorded decision: outcome, reasons with facts, policy, inputs and read position."""
-    return {
-        "outcome": outcome,
+    """The recorded decision: outcome, reasons with facts, policy, inputs and read position.
+
+    Every part is made plain here (`to_plain`: fresh containers, finite numbers), so the record
+    is a `Plain` dict that the log encodes without checking it again.
+    """
+    return Plain({
+        "outcome": to_plain(outcome),
         "reasons": to_plain(list(reasons)),
         "result": to_plain(result),
-        "policy": policy.as_dict() if policy is not None else None,
+        "policy": to_plain(policy.as_dict()) if policy is not None else None,
         "inputs": to_plain(inputs),
-        "read_position": ctx.read_position,
-        "causes": causes or [],
-    }
+        "read_position": to_plain(ctx.read_position),
+        "causes": to_plain(causes) if causes else [],
+    })
 
 
 def append_to(stream_id: str, ctx: DecisionContext, *events: NewEvent) -> StreamAppend:
@@ -75,10 +86,9 @@ def issue_command(parent: CommandBase, ctx: DecisionContext, child: CommandBase,
     The child is recorded in the inbox in the deciding transaction, caused by `cause_event_id`;
     it is enqueued after commit, and `reconcile` finds it if that never happens.
     """
-    payload = child.payload()
     event = NewEvent(
         event_id=derived_event_id(child.command_id, "accepted"), event_type=ACCEPTED,
-        data={"command": payload, "creates": child.creates()}, occurred_at=child.occurred_at,
+        data=inbox_record(child), occurred_at=child.occurred_at,
         command_id=child.command_id, causation_id=cause_event_id,
         correlation_id=parent.correlation_id or parent.command_id, actor=child.actor,
         tenant=child.tenant)

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from controlplane.commands import CommandBase, parse_command
 from controlplane.deciding import Outcome, Prepared, decide_batch
-from controlplane.decisions import ACCEPTED, INBOX_STREAM
+from controlplane.decisions import ACCEPTED, INBOX_STREAM, inbox_record
 from controlplane.errors import FieldProblem, SubmissionRejected
 from controlplane.handlers import EFFECTS, PRECHECKS
 from controlplane.policy_book import PolicyBook
@@ -53,7 +53,7 @@ def accept(store: EventStore, commands: Sequence[CommandBase],
         if problems:
             raise SubmissionRejected(problems)
         events = [NewEvent(event_id=event_id, event_type=ACCEPTED,
-                           data={"command": c.payload(), "creates": c.creates()},
+                           data=inbox_record(c),
                            occurred_at=c.occurred_at,
                            command_id=c.command_id,
                            correlation_id=c.correlation_id or c.command_id,

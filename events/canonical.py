@@ -9,6 +9,11 @@ equal plain values always give the same text. Integers beyond 64 bits, which orj
 write, keep the standard library's text. Producing the text and the decoded value together
 (`encode`) spares the appender decoding what it has just written.
 
+A `Plain` dict is one its producer vouches for (a decision record built from `to_plain`
+output): it is rendered without being decoded and compared again, and its reader's value is a
+copy of it. Anything orjson cannot write in it (an integer beyond 64 bits) still takes the
+checked path.
+
 The hashed envelope header's text must never change (verifying a stored log recomputes it): it
 is the standard library's sorted compact JSON. orjson writes the very same bytes for its values
 (str, int, None; every Unicode character is escaped alike, which a test checks code point by
@@ -34,6 +39,17 @@ _OPTIONS = _SORTED | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_D
 _HEADER_TYPES = frozenset((str, int, type(None)))
 
 
+class Plain(dict[str, Any]):
+    """A dict its producer guarantees is plain JSON data, so `encode` need not check it.
+
+    Plain means what `controlplane.policies.reasons.to_plain` returns: str keys, only dict,
+    list, str, int, float, bool and None inside, no NaN or infinity, and containers that
+    nothing else holds (so nothing changes them after the event is built).
+    """
+
+    __slots__ = ()
+
+
 def _rendered(value: Any) -> tuple[str, Any] | None:
     """orjson's text of `value` and its decoding, if that decodes back to an equal value."""
     try:
@@ -50,6 +66,11 @@ def encode(value: Any) -> tuple[str, Any]:
     Raises ValueError for NaN or infinity and TypeError for what JSON cannot hold, as
     `json.dumps` does.
     """
+    if type(value) is Plain:
+        try:
+            return orjson.dumps(value, option=_SORTED).decode("utf-8"), dict(value)
+        except orjson.JSONEncodeError:  # an integer beyond 64 bits: the checked path below
+            pass
     rendered = _rendered(value)
     if rendered is not None:
         return rendered

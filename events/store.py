@@ -66,7 +66,9 @@ class LogTransaction:
         self.projections = SqlProjections(connection, head=(head_position, head_hash))
         self._versions: dict[str, int] = {}
         self._buffer: list[dict[str, Any]] = []
-        self._last_checkpoint: int | None = None
+        # The last checkpoint's position and the hashes appended since, when known (a store
+        # remembers them from its own last commit); else read from the log when one is due.
+        self.since_checkpoint: tuple[int, list[str]] | None = None
         self.appended: list[RecordedEvent] = []
 
     def stream_version(self, stream_id: str) -> int:
@@ -158,12 +160,18 @@ class LogTransaction:
         first, last = rows[0]["position"], rows[-1]["position"]
         every = self.checkpoint_every
         if last // every == (first - 1) // every:
+            if self.since_checkpoint is not None:
+                self.since_checkpoint[1].extend(row["hash"] for row in rows)
             return None
-        self.flush()
-        since = self._last_checkpoint_position()
-        query = (select(events_table.c.hash).where(events_table.c.position > since)
-                 .order_by(events_table.c.position))
-        leaves = [*self.connection.execute(query).scalars(), *(row["hash"] for row in rows)]
+        if self.since_checkpoint is None:
+            self.flush()
+            since = self._last_checkpoint_position()
+            query = (select(events_table.c.hash).where(events_table.c.position > since)
+                     .order_by(events_table.c.position))
+            earlier = list(self.connection.execute(query).scalars())
+        else:
+            since, earlier = self.since_checkpoint
+        leaves = [*earlier, *(row["hash"] for row in rows)]
         data = {"log_size": last, "from_position": since + 1, "to_position": last,
                 "merkle_root": merkle_root(leaves)}
         version = self.stream_version(CHECKPOINT_STREAM) + 1
@@ -174,6 +182,7 @@ class LogTransaction:
         row, decoded = row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at)
         row["prev_hash"] = rows[-1]["hash"]
         row["hash"] = chain_hash(row["prev_hash"], header_of(row), row["data"])
+        self.since_checkpoint = (last + 1, [])
         return row, decoded
 
     def _last_checkpoint_position(self) -> int:
@@ -223,6 +232,7 @@ class EventStore:
         # read under the lock is that same (position, hash), i.e. nobody else has appended.
         self._known_head: tuple[int, str] | None = None
         self._known_versions: dict[str, int] = {}
+        self._known_since_checkpoint: tuple[int, list[str]] | None = None
         self.statistics = PlannerStatistics(engine)
         # Seconds this store spent taking the append lock, and holding it (to the end of the
         # commit), over every write transaction so far: where contention between workers shows.
@@ -242,6 +252,9 @@ class EventStore:
                 tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
                 if self._known_head == (head.position, head.hash):
                     tx._versions = dict(self._known_versions)
+                    if self._known_since_checkpoint is not None:
+                        since, hashes = self._known_since_checkpoint
+                        tx.since_checkpoint = (since, list(hashes))
                 yield tx
                 tx.flush()
                 tx.projections.flush(head=(tx.head_position, tx.head_hash))
@@ -253,6 +266,7 @@ class EventStore:
         # Committed: remember the versions, bounded so a long-lived process stays small.
         self._known_head = (tx.head_position, tx.head_hash)
         self._known_versions = tx._versions if len(tx._versions) <= MAX_KNOWN_VERSIONS else {}
+        self._known_since_checkpoint = tx.since_checkpoint
         self.statistics.after_commit(tx.head_position)
 
     def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:

@@ -108,6 +108,19 @@ def test_checkpoints_carry_the_log_size_and_a_merkle_root_that_verify_checks(
     assert len(checkpoints) == 3 and report(small).ok  # at positions 5, 10 and 14
 
 
+def test_checkpoints_stay_exact_when_writers_interleave_and_batches_cross_them(
+        store: EventStore) -> None:
+    # Each store remembers the hashes since the last checkpoint from its own commits; another
+    # writer's append in between must make it read them from the log instead.
+    first, second = (EventStore(store.engine, checkpoint_every=4) for _ in range(2))
+    for index in range(12):
+        writer = first if index % 3 else second
+        events = [event(f"e{index}-{n}", {"n": n}) for n in range(1 + index % 3)]
+        writer.append([StreamAppend(f"s/{index}", None, events)])
+    checkpoints = [e for e in first.read_all() if e.event_type == "LogCheckpointed"]
+    assert len(checkpoints) >= 5 and report(first).ok
+
+
 def test_a_rewritten_history_with_a_recomputed_chain_is_caught_by_the_next_checkpoint(
         store: EventStore) -> None:
     """An attacker who edits a row and re-hashes everything after it still fails the root."""

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from events.canonical import canonical_json, digest, encode, header_json
+from events.canonical import Plain, canonical_json, digest, encode, header_json
 from events.model import EVENT_NAMESPACE, derived_event_id
 
 plain_scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text()
@@ -131,3 +131,14 @@ class EqualToItsFields:
 def test_a_dataclass_equal_to_its_fields_is_still_refused() -> None:
     with pytest.raises(TypeError):
         canonical_json({"value": EqualToItsFields(1)})
+
+
+@given(st.dictionaries(st.text(), plain_values, max_size=6))
+def test_a_plain_record_is_stored_as_the_checked_path_would_store_it(value: dict[str, Any]) -> None:
+    text, decoded = encode(Plain(value))
+    assert (text, decoded) == encode(value)
+    assert type(decoded) is dict  # the reader's value, not the producer's marker
+
+
+def test_a_plain_record_with_a_huge_integer_takes_the_checked_path() -> None:
+    assert encode(Plain({"n": 2**80})) == ('{"n":1208925819614629174706176}', {"n": 2**80})

@@ -1,0 +1,57 @@
+"""A decision record is plain data the log can store without checking it again."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from controlplane.decisions import DecisionContext, decision_data
+from controlplane.policies.admission import AdmissionAction
+from controlplane.policies.reasons import Reason
+from controlplane.policy_book import PolicyBook, PolicyInForce
+from events.canonical import Plain, encode
+
+
+def _record(**overrides: Any) -> dict[str, Any]:
+    ctx = DecisionContext(state=None, read_position=7,  # type: ignore[arg-type]
+                          stream_version=lambda _: 0, policies=PolicyBook(),
+                          accepted_event_id=None)
+    arguments: dict[str, Any] = {
+        "outcome": "admit", "reasons": [Reason("fits", "it fits", {"tokens": 10})],
+        "result": {"pool": ("a", "b")}, "policy": PolicyInForce("admission", 2, {"x": [1.5]}),
+        "inputs": {"queue": ["r1"]}, "ctx": ctx, "causes": ["e1"]}
+    return decision_data(**{**arguments, **overrides})
+
+
+def test_a_decision_record_is_stored_exactly_as_its_plain_copy_would_be() -> None:
+    record = _record()
+    assert type(record) is Plain
+    assert encode(record) == encode(dict(record))
+
+
+@pytest.mark.parametrize("where", ["reasons", "result", "inputs", "policy"])
+def test_a_decision_record_refuses_a_non_finite_number_anywhere(where: str) -> None:
+    bad: dict[str, Any] = {
+        "reasons": [Reason("r", "m", {"x": math.nan})], "result": {"x": [math.inf]},
+        "inputs": {"x": -math.inf}, "policy": PolicyInForce("admission", 1, {"x": math.nan})}
+    with pytest.raises(ValueError, match="non-finite"):
+        _record(**{where: bad[where]})
+
+
+def test_a_decision_record_shares_no_container_with_what_it_was_built_from() -> None:
+    inputs: dict[str, Any] = {"queue": ["r1"]}
+    parameters: dict[str, Any] = {"x": [1.5]}
+    causes = ["e1"]
+    record = _record(inputs=inputs, policy=PolicyInForce("admission", 2, parameters),
+                     causes=causes)
+    text = encode(record)[0]
+    inputs["queue"].append("r2")
+    parameters["x"].append(9.0)
+    causes.append("e2")
+    assert encode(record)[0] == text
+
+
+def test_an_enum_outcome_is_recorded_by_its_value() -> None:
+    assert _record(outcome=AdmissionAction.ADMIT)["outcome"] == "admit"
