@@ -16,8 +16,6 @@ from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import bindparam, delete, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from events.canonical import canonical_json
@@ -36,15 +34,13 @@ _DELETE_ROWS = delete(projections_table).where(
     projections_table.c.key.in_(bindparam("row_keys", expanding=True)))
 
 
-def _upsert_statement(dialect: str) -> Any:
-    insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    statement = insert(projections_table)
-    return statement.on_conflict_do_update(
-        index_elements=["name", "key"], set_={"data": statement.excluded.data})
-
-
-# Built once per dialect: the flush runs them for every decision.
-_UPSERT_ROWS = {dialect: _upsert_statement(dialect) for dialect in ("postgresql", "sqlite")}
+# Rows are upserted with the driver's own executemany: SQLAlchemy's per-row parameter
+# processing was nearly half of an upsert's time on SQLite (1,000 rows: 7.3 -> 4.1 ms).
+_UPSERT_SQL = ("INSERT INTO projections (name, key, data) VALUES ({mark}, {mark}, {mark}) "
+               "ON CONFLICT (name, key) DO UPDATE SET data = excluded.data")
+_UPSERT_BY_PARAMSTYLE = {"qmark": _UPSERT_SQL.format(mark="?"),
+                         "format": _UPSERT_SQL.format(mark="%s"),
+                         "pyformat": _UPSERT_SQL.format(mark="%s")}
 
 
 class StateView(Protocol):
@@ -213,7 +209,7 @@ class SqlProjections:
         for (name, key), value in self._pending.items():
             if value is _DELETED:
                 deletes.setdefault(name, []).append(key)
-        upserts = [{"name": name, "key": key, "data": canonical_json(value)}
+        upserts = [(name, key, canonical_json(value))
                    for (name, key), value in self._pending.items() if value is not _DELETED]
         # One statement per projection, not one per row: on PostgreSQL a row-by-row delete (even
         # pipelined) took a sixth of a worker's time.
@@ -221,10 +217,10 @@ class SqlProjections:
             for chunk in in_lists(keys):
                 self.connection.execute(_DELETE_ROWS, {"row_name": name, "row_keys": chunk})
         if upserts:
-            statement = _UPSERT_ROWS.get(self.connection.dialect.name, _UPSERT_ROWS["sqlite"])
-            self.connection.execute(statement, upserts)
-            for row in upserts:
-                self._cache.flushed(row["name"], row["key"], row["data"])
+            self.connection.exec_driver_sql(
+                _UPSERT_BY_PARAMSTYLE[self.connection.dialect.paramstyle], upserts)
+            for name, key, text in upserts:
+                self._cache.flushed(name, key, text)
         self._pending.clear()
 
 
