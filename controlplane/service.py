@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import structlog
-from sqlalchemy import select
 
 from controlplane.commands import CommandBase, parse_command
 from controlplane.deciding import Outcome, Prepared, decide_batch
@@ -14,11 +13,11 @@ from controlplane.errors import FieldProblem, SubmissionRejected
 from controlplane.handlers import EFFECTS, PRECHECKS
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import ENTITY, PENDING, apply_event
+from events import driver
 from events.database import in_lists
 from events.model import NewEvent, StreamAppend, derived_event_id
 from events.projections import SqlProjections
 from events.store import EventStore, LogTransaction
-from events.tables import events_table
 
 log = structlog.get_logger(__name__)
 __all__ = ["Outcome", "accept", "decide", "pending_command_ids", "precheck", "run_effects"]
@@ -89,8 +88,9 @@ def precheck(tx: LogTransaction, commands: Sequence[CommandBase],
 def _stored_event_ids(tx: LogTransaction, event_ids: list[str]) -> set[str]:
     found: set[str] = set()
     for chunk in in_lists(event_ids):
-        query = select(events_table.c.event_id).where(events_table.c.event_id.in_(chunk))
-        found.update(tx.connection.execute(query).scalars())
+        found.update(event_id for (event_id,) in driver.fetch(
+            tx.connection, "SELECT event_id FROM events WHERE event_id IN ({in})",
+            in_values=chunk))
     return found
 
 

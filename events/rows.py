@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection, RowMapping
 
+from events import driver
 from events.canonical import encode
 from events.database import in_lists
 from events.model import NewEvent, RecordedEvent
@@ -19,11 +20,6 @@ HEADER_FIELDS = (
     "command_id", "causation_id", "correlation_id", "actor", "tenant", "occurred_at",
     "recorded_at",
 )
-_EVENTS_BY_COMMAND = (select(events_table)
-                      .where(events_table.c.command_id.in_(bindparam("command_ids", expanding=True)))
-                      .order_by(events_table.c.position))
-_EVENTS_BY_COMMAND_EXCEPT = _EVENTS_BY_COMMAND.where(
-    events_table.c.event_type != bindparam("excluded_type"))
 
 
 def header_of(row: dict[str, Any] | RowMapping) -> dict[str, Any]:
@@ -32,6 +28,15 @@ def header_of(row: dict[str, Any] | RowMapping) -> dict[str, Any]:
 
 
 COLUMNS = tuple(column.name for column in events_table.columns)
+EVENT_COLUMNS_SQL = ", ".join(COLUMNS)
+# Appending: a row's values in column order, for the driver's executemany (`events.driver`).
+INSERT_EVENTS = (f"INSERT INTO events ({EVENT_COLUMNS_SQL})"
+                 f" VALUES ({', '.join('?' * len(COLUMNS))})")
+row_values = operator.itemgetter(*COLUMNS)
+EVENTS_BY_COMMAND = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE command_id IN ({{in}})"
+                     " ORDER BY position")
+_EVENTS_BY_COMMAND_EXCEPT = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE event_type <> ?"
+                             " AND command_id IN ({in}) ORDER BY position")
 _DATA = COLUMNS.index("data")
 # Rows read as tuples become events positionally: the table's columns are the event's fields.
 assert list(COLUMNS) == list(RecordedEvent.__dataclass_fields__)
@@ -72,10 +77,10 @@ def events_by_command(connection: Connection, command_ids: Sequence[str],
     """Each command's events in position order, without those of `excluded_type` if given."""
     grouped: dict[str, list[RecordedEvent]] = {command_id: [] for command_id in command_ids}
     ids = list(grouped)
-    query = _EVENTS_BY_COMMAND if excluded_type is None else _EVENTS_BY_COMMAND_EXCEPT
+    query, excluded = ((EVENTS_BY_COMMAND, ()) if excluded_type is None
+                       else (_EVENTS_BY_COMMAND_EXCEPT, (excluded_type,)))
     for chunk in in_lists(ids):
-        rows = connection.execute(query, {"command_ids": chunk, "excluded_type": excluded_type})
-        for row in rows:
+        for row in driver.fetch(connection, query, *excluded, in_values=chunk):
             event = from_row(row)
             grouped[event.command_id or ""].append(event)
     return grouped

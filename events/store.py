@@ -8,9 +8,10 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, func, select, update
+from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import Connection
 
+from events import driver
 from events.canonical import chain_hash
 from events.database import PlannerStatistics, in_lists, is_sqlite
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
@@ -25,28 +26,28 @@ from events.model import (
 from events.projections import SqlProjections
 from events.rows import (
     COLUMNS,
+    EVENT_COLUMNS_SQL,
+    INSERT_EVENTS,
     events_by_command,
     from_row,
     header_of,
     row_for,
+    row_values,
     to_recorded,
     with_data,
 )
-from events.tables import HEAD, events_table, log_head_table
+from events.tables import HEAD, events_table
 
 READ_CHUNK = 2_000
 MAX_KNOWN_VERSIONS = 100_000
 
-# Statements built once: the append path runs them for every decision.
-_INSERT_EVENTS = events_table.insert()
-_LOCK_HEAD = HEAD.with_for_update()
-_UPDATE_HEAD = update(log_head_table).where(log_head_table.c.id == 1).values(
-    position=bindparam("head_position"), hash=bindparam("head_hash"))
-_EVENTS_BY_ID = select(events_table).where(
-    events_table.c.event_id.in_(bindparam("event_ids", expanding=True)))
-_MAX_VERSIONS = (select(events_table.c.stream_id, func.max(events_table.c.stream_version))
-                 .where(events_table.c.stream_id.in_(bindparam("stream_ids", expanding=True)))
-                 .group_by(events_table.c.stream_id))
+# The append path's statements, run on the driver (`events.driver`).
+_HEAD = "SELECT position, hash FROM log_head WHERE id = 1"
+_LOCK_HEAD = _HEAD + " FOR UPDATE"
+_UPDATE_HEAD = "UPDATE log_head SET position = ?, hash = ? WHERE id = 1"
+_EVENTS_BY_ID = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE event_id IN ({{in}})"
+_MAX_VERSIONS = ("SELECT stream_id, max(stream_version) FROM events WHERE stream_id IN ({in})"
+                 " GROUP BY stream_id")
 
 
 class LogTransaction:
@@ -84,8 +85,7 @@ class LogTransaction:
         """
         wanted = [s for s in dict.fromkeys(stream_ids) if s not in self._versions]
         for chunk in in_lists(wanted):
-            rows = self.connection.execute(_MAX_VERSIONS, {"stream_ids": chunk})
-            found = {stream_id: version for stream_id, version in rows}
+            found: dict[str, int] = dict(driver.fetch(self.connection, _MAX_VERSIONS, in_values=chunk))
             for stream_id in chunk:
                 self._versions[stream_id] = found.get(stream_id) or 0
 
@@ -99,9 +99,8 @@ class LogTransaction:
         """Write the buffered rows and the new head; the transaction calls it before commit."""
         if not self._buffer:
             return
-        self.connection.execute(_INSERT_EVENTS, self._buffer)
-        self.connection.execute(_UPDATE_HEAD, {"head_position": self.head_position,
-                                               "head_hash": self.head_hash})
+        driver.execute_many(self.connection, INSERT_EVENTS, [row_values(row) for row in self._buffer])
+        driver.execute(self.connection, _UPDATE_HEAD, self.head_position, self.head_hash)
         self._buffer = []
 
     def append(self, appends: Sequence[StreamAppend],
@@ -202,9 +201,9 @@ class LogTransaction:
             if event_id in buffered:
                 found[event_id] = to_recorded(buffered[event_id])
         for chunk in in_lists(ids):
-            rows = self.connection.execute(_EVENTS_BY_ID, {"event_ids": chunk})
-            for row in rows.mappings():
-                found[row["event_id"]] = to_recorded(row)
+            for row in driver.fetch(self.connection, _EVENTS_BY_ID, in_values=chunk):
+                stored = from_row(row)
+                found[stored.event_id] = stored
         if not found:
             return None
         if len(found) != len(ids):
@@ -247,10 +246,11 @@ class EventStore:
         try:
             with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
                 # SQLite: BEGIN IMMEDIATE took the lock; PostgreSQL: the head row's lock.
-                head = conn.execute(HEAD if is_sqlite(self.engine) else _LOCK_HEAD).one()
+                ((position, head_hash),) = driver.fetch(
+                    conn, _HEAD if is_sqlite(self.engine) else _LOCK_HEAD)
                 locked = time.perf_counter()
-                tx = LogTransaction(conn, head.position, head.hash, self.checkpoint_every)
-                if self._known_head == (head.position, head.hash):
+                tx = LogTransaction(conn, position, head_hash, self.checkpoint_every)
+                if self._known_head == (position, head_hash):
                     tx._versions = dict(self._known_versions)
                     if self._known_since_checkpoint is not None:
                         since, hashes = self._known_since_checkpoint

@@ -1,0 +1,38 @@
+"""The log's hot statements on the driver's cursor: values bound, errors as SQLAlchemy's."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from events import driver
+from events.model import StreamAppend
+from events.store import EventStore
+from tests.factories import event
+
+EVENT_IDS = "SELECT event_id FROM events WHERE stream_id = ? AND event_id IN ({in}) ORDER BY event_id"
+
+
+def test_values_are_bound_never_written_into_the_statement(store: EventStore) -> None:
+    store.append([StreamAppend("s/1", 0, [event("a", {}), event("b", {})])])
+    hostile = "a') OR 1=1 --"
+    with store.engine.connect() as conn:
+        assert driver.fetch(conn, EVENT_IDS, "s/1", in_values=[hostile]) == []
+        ids = [e.event_id for e in store.read_stream("s/1")]
+        assert driver.fetch(conn, EVENT_IDS, "s/1", in_values=ids) == [(i,) for i in sorted(ids)]
+
+
+def test_a_driver_error_is_sqlalchemys_and_the_transaction_writes_nothing(store: EventStore) -> None:
+    store.append([StreamAppend("s/1", 0, [event("a", {})])])
+    with pytest.raises(IntegrityError), store.transaction() as tx:
+        driver.execute(tx.connection, "UPDATE log_head SET position = 99 WHERE id = 1")
+        driver.execute_many(tx.connection, "INSERT INTO log_head (id, position, hash) VALUES (?, ?, ?)",
+                            [(1, 5, "x")])
+    assert store.head()[0] == 1
+    with pytest.raises(DBAPIError), store.engine.connect() as conn:
+        driver.fetch(conn, "SELECT no_such_column FROM events")
+
+
+def test_a_driver_with_an_unknown_parameter_style_is_refused() -> None:
+    with pytest.raises(ValueError, match="named"):
+        driver._text("SELECT ?", 0, "named")
