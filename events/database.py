@@ -116,7 +116,10 @@ def _configure_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
         writing = connection.get_execution_options().get("fleet_write", False)
-        connection.exec_driver_sql("BEGIN IMMEDIATE" if writing else "BEGIN")
+        # On the driver itself: through SQLAlchemy this one statement cost a tenth of a
+        # one-command decision.
+        connection.connection.driver_connection.execute(  # type: ignore[union-attr]
+            "BEGIN IMMEDIATE" if writing else "BEGIN")
 
 
 def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:
