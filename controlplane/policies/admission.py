@@ -192,6 +192,11 @@ def _promotions(state: PoolState, now: float, policy: AdmissionPolicy,
                                    "the deadline passed while the request was queued", True,
                                    facts))
             continue
+        if tokens > policy.max_tokens_per_request:  # the bound was lowered while it waited
+            decisions.append(_shed(queued.request, "token_bound_exceeded",
+                                   "request token bound exceeds policy", False,
+                                   {**facts, "max_tokens_per_request": policy.max_tokens_per_request}))
+            continue
         if live + tokens > policy.max_live_tokens:
             break
         live += tokens
@@ -240,8 +245,9 @@ def promote(state: PoolState, now: float, policy: AdmissionPolicy, why: str = CA
             ) -> tuple[tuple[AdmissionDecision, ...], PoolState]:
     """Admit the queue's head while it fits under a budget that grew (FIFO, no overtaking).
 
-    A head whose deadline has passed is shed and the walk goes on; the walk stops at the first
-    head that does not fit. Nothing queued, or nothing that fits, decides nothing. `why` is the
+    A head whose deadline has passed, or whose tokens exceed `max_tokens_per_request` (lowered
+    while it waited), is shed and the walk goes on; the walk stops at the first head that does
+    not fit. Nothing queued, or nothing that fits, decides nothing. `why` is the
     promotions' message (what grew the budget); their code is `promoted_from_queue`.
     """
     _validate_policy(policy)

@@ -274,3 +274,22 @@ def test_what_if_a_smaller_budget_fraction_lists_exactly_the_admissions_it_chang
                for d in report.drifts if d.recorded["outcome"] != d.rederived["outcome"]}
     assert flipped == {"admit-q2": ("admit", "queue"), "admit-q3": ("admit", "queue")}
     assert_replay_exact(store)
+
+
+def test_a_queued_request_over_a_lowered_token_bound_is_shed_when_the_queue_moves(
+        store: EventStore) -> None:
+    capacity = ready_pool(store, "r1", max_queued_requests=5)
+    run(store, admit("fill", capacity["r1"], second=1), admit("wide", 600, second=2),
+        admit("narrow", 100, second=3))
+    run(store, {**set_admission("admission-policy-2", max_queued_requests=5,
+                                max_tokens_per_request=500), "at": at(4)})
+    run(store, release("fill", second=5))
+    decided = {e.data["result"]["request_id"]: e for e in store.events_for_command("release-fill-5")
+               if e.event_type in ("RequestShed", "RequestAdmitted")}
+    assert reason(decided["wide"])["code"] == "token_bound_exceeded"
+    assert reason(decided["wide"])["facts"]["max_tokens_per_request"] == 500
+    assert decided["narrow"].event_type == "RequestAdmitted"
+    row = state_at(store).get("admission", POOL)
+    assert row is not None and row["queue"] == [] and row["live_tokens"] == 100
+    assert verify_decisions(store).drifts == []
+    assert_replay_exact(store)

@@ -220,6 +220,22 @@ def test_a_queued_request_past_its_deadline_is_shed_not_promoted() -> None:
     assert (pool.live_tokens, pool.queued_requests) == (10, 0)
 
 
+def test_a_queued_request_over_a_lowered_token_bound_is_shed_not_promoted() -> None:
+    pool = AdmissionController(AdmissionPolicy(100, 2, 100))
+    pool.decide(request("a", 100, 0, 99), now=0, estimated_queue_seconds=0)
+    pool.decide(request("wide", 60, 0, 99), now=0, estimated_queue_seconds=1)
+    pool.decide(request("narrow", 20, 0, 99), now=0, estimated_queue_seconds=1)
+    lowered = AdmissionPolicy(100, 2, 50)
+    _, refused, promoted = release(pool.state, "a", 5, lowered)[0]
+    assert (refused.request_id, refused.action, code(refused)) == \
+        ("wide", SHED, "token_bound_exceeded")
+    assert refused.reasons[0].facts["max_tokens_per_request"] == 50
+    assert (promoted.request_id, promoted.action) == ("narrow", ADMIT)
+    decisions, after = promote(pool.state, 5, lowered)
+    assert [(d.request_id, d.action) for d in decisions] == [("wide", SHED)]
+    assert after.queue == ("narrow",)
+
+
 def test_a_grown_budget_promotes_the_queue_head_first_and_never_past_one_that_does_not_fit(
         ) -> None:
     pool = AdmissionController(AdmissionPolicy(100, 4, 1_000))
