@@ -136,7 +136,7 @@ def _prepare(store: EventStore, command_ids: list[str]) -> tuple[list[Outcome], 
         if accepted is None:
             log.warning("unknown_command_skipped", command_id=command_id)
         elif decided:
-            log.info("command_already_decided", command_id=command_id)
+            log.debug("command_already_decided", command_id=command_id)
             done.append(Outcome(command_id, False, decided))
         else:
             prepared.append(Prepared(command_id, accepted,

@@ -60,23 +60,23 @@ def test_a_batch_decides_on_state_another_writer_changed_after_it_read_the_inbox
     assert_replay_exact(store)
 
 
-def test_each_decision_is_logged_at_info_level_and_not_above_it(
+def test_each_decision_is_logged_at_debug_level_and_only_counted_at_info(
         store: EventStore, capsys: Any) -> None:
     from controlplane.logging import configure_logging
 
-    ids = accepted(store, *inventory(nodes=1, gpus_per_node=2), model())
+    ids = accepted(store, *inventory(nodes=2, gpus_per_node=2), model())
     try:
-        configure_logging("INFO")
+        configure_logging("DEBUG")
         decide(store, ids[:1])
+        debug = capsys.readouterr().err
+        configure_logging("INFO")
+        decide(store, ids[1:2])
         info = capsys.readouterr().err
-        configure_logging("WARNING")
-        decide(store, ids[1:])
-        warning = capsys.readouterr().err
     finally:
         with capsys.disabled():  # log to the real stderr again, not to this test's capture
             configure_logging(None)
-    assert '"command_decided"' in info and ids[0] in info
-    assert "command_decided" not in warning
+    assert '"command_decided"' in debug and ids[0] in debug
+    assert "command_decided" not in info and ids[1] not in info
 
 
 def test_a_batch_logs_how_long_it_waited_for_the_append_lock_and_held_it(
