@@ -34,8 +34,9 @@ class DecisionContext:
 
 
 def inbox_record(command: CommandBase) -> Plain:
-    """What `CommandAccepted` records: the command's payload (pydantic's JSON mode, finite
-    numbers only) and the entity keys it creates, plain and built afresh."""
+    """What `CommandAccepted` records: the command's payload and the entity keys it creates,
+    built afresh. pydantic's JSON mode gives plain data (float fields refuse NaN and infinity
+    at validation; a NaN inside a free-form field is written as null, as it always was)."""
     return Plain({"command": command.payload(), "creates": list(command.creates())})
 
 

@@ -44,7 +44,9 @@ class Plain(dict[str, Any]):
 
     Plain means what `controlplane.policies.reasons.to_plain` returns: str keys, only dict,
     list, str, int, float, bool and None inside, no NaN or infinity, and containers that
-    nothing else holds (so nothing changes them after the event is built).
+    nothing else holds (so nothing changes them after the event is built). The value the
+    appender keeps is equal to what a reader decodes, but its dicts keep the producer's key
+    order (the text's keys are sorted; JSON objects have no order).
     """
 
     __slots__ = ()
@@ -68,8 +70,8 @@ def encode(value: Any) -> tuple[str, Any]:
     """
     if type(value) is Plain:
         try:
-            return orjson.dumps(value, option=_SORTED).decode("utf-8"), dict(value)
-        except orjson.JSONEncodeError:  # an integer beyond 64 bits: the checked path below
+            return orjson.dumps(value, option=_OPTIONS).decode("utf-8"), dict(value)
+        except (TypeError, orjson.JSONEncodeError):  # a huge integer, a dataclass: checked
             pass
     rendered = _rendered(value)
     if rendered is not None:

@@ -14,6 +14,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import Connection
 
+from events import driver
+
 MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Any constant works; every process that migrates PostgreSQL takes the same advisory lock.
@@ -118,8 +120,7 @@ def _configure_sqlite(engine: Engine) -> None:
         writing = connection.get_execution_options().get("fleet_write", False)
         # On the driver itself: through SQLAlchemy this one statement cost a tenth of a
         # one-command decision.
-        connection.connection.driver_connection.execute(  # type: ignore[union-attr]
-            "BEGIN IMMEDIATE" if writing else "BEGIN")
+        driver.begin(connection, "BEGIN IMMEDIATE" if writing else "BEGIN")
 
 
 def alembic_config(connection: Connection | None = None, url: str | None = None) -> Config:

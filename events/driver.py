@@ -6,15 +6,18 @@ SQLite itself answers in 4 us; a one-command decision runs ten of them. The stat
 are fixed SQL on the log's own tables, written once with `?` marks and an `{in}` slot for an
 IN list, and every value is bound by the driver, never formatted into the text.
 
-They run on the connection's current transaction: a write transaction begun by SQLAlchemy
-(`BEGIN IMMEDIATE` on SQLite), or, outside one, the driver's own (PostgreSQL opens one that the
-pool rolls back on return; SQLite reads in autocommit). A driver error is raised as SQLAlchemy's
-matching exception (`OperationalError`, `IntegrityError`...), so callers catch one family.
+They run in the connection's transaction, begun through SQLAlchemy as its own statements would
+autobegin one (on SQLite `BEGIN`, or `BEGIN IMMEDIATE` for a writer, issued by `begin` below),
+so the reads of one connection share a snapshot and the pool rolls back what a reader leaves. A
+driver error is raised as SQLAlchemy's matching exception (`OperationalError`,
+`IntegrityError`...), so callers catch one family; a lost connection is invalidated, as
+SQLAlchemy would.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -35,19 +38,41 @@ def _text(template: str, in_count: int, paramstyle: str) -> str:
     raise ValueError(f"driver parameter style {paramstyle!r} is not supported")
 
 
+@contextmanager
+def _as_sqlalchemy_errors(connection: Connection, sql: str, parameters: Any,
+                          cursor: Any = None) -> Iterator[None]:
+    dbapi = connection.dialect.loaded_dbapi
+    try:
+        yield
+    except dbapi.Error as error:
+        lost = connection.dialect.is_disconnect(error, connection.connection.dbapi_connection,
+                                                cursor)
+        if lost:
+            connection.invalidate(error)
+        raise DBAPIError.instance(sql, parameters, error, dbapi.Error,
+                                  connection_invalidated=lost) from error
+
+
+def begin(connection: Connection, statement: str) -> None:
+    """Issue SQLite's `BEGIN` (or `BEGIN IMMEDIATE`) on the driver, from SQLAlchemy's `begin`
+    event: a lock that cannot be had in the busy timeout is SQLAlchemy's `OperationalError`."""
+    with _as_sqlalchemy_errors(connection, statement, ()):
+        connection.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
+
+
 def _run(connection: Connection, template: str, parameters: Sequence[Any], in_count: int,
          many: bool) -> Any:
     sql = _text(template, in_count, connection.dialect.paramstyle)
+    if not connection.in_transaction():
+        connection.begin()  # as a SQLAlchemy statement would autobegin
     cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
-        if many:
-            cursor.executemany(sql, parameters)
-            return None
-        cursor.execute(sql, parameters)
-        return cursor.fetchall() if cursor.description is not None else None
-    except connection.dialect.loaded_dbapi.Error as error:
-        raise DBAPIError.instance(sql, parameters, error,
-                                  connection.dialect.loaded_dbapi.Error) from error
+        with _as_sqlalchemy_errors(connection, sql, parameters, cursor):
+            if many:
+                cursor.executemany(sql, parameters)
+                return None
+            cursor.execute(sql, parameters)
+            return cursor.fetchall() if cursor.description is not None else None
     finally:
         cursor.close()
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import NoResultFound
 
 from events import driver
 from events.canonical import chain_hash
@@ -222,7 +223,12 @@ class LogTransaction:
 
 
 class EventStore:
-    """Append and read the log. Concurrency is enforced by the database, never in Python."""
+    """Append and read the log. Concurrency is enforced by the database, never in Python.
+
+    One store per process (`controlplane.runtime.store_for_process`), used by one thread at a
+    time: what it remembers of its last commit (head, stream versions, hashes since the last
+    checkpoint) is updated without a lock.
+    """
 
     def __init__(self, engine: Engine, checkpoint_every: int = 1_000) -> None:
         self.engine = engine
@@ -246,8 +252,10 @@ class EventStore:
         try:
             with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
                 # SQLite: BEGIN IMMEDIATE took the lock; PostgreSQL: the head row's lock.
-                ((position, head_hash),) = driver.fetch(
-                    conn, _HEAD if is_sqlite(self.engine) else _LOCK_HEAD)
+                head = driver.fetch(conn, _HEAD if is_sqlite(self.engine) else _LOCK_HEAD)
+                if len(head) != 1:
+                    raise NoResultFound("the log has no head row: run `fleetctl init` on it")
+                ((position, head_hash),) = head
                 locked = time.perf_counter()
                 tx = LogTransaction(conn, position, head_hash, self.checkpoint_every)
                 if self._known_head == (position, head_hash):

@@ -187,15 +187,16 @@ def _promotions(state: PoolState, now: float, policy: AdmissionPolicy,
                  "deadline_at_seconds": queued.request.deadline_at_seconds,
                  "request_tokens": tokens, "live_tokens": live,
                  "max_live_tokens": policy.max_live_tokens}
-        if now > queued.request.deadline_at_seconds:
-            decisions.append(_shed(queued.request, "deadline_passed_in_queue",
-                                   "the deadline passed while the request was queued", True,
-                                   facts))
-            continue
+        # The bound first, as at the door (spec 1.8): a retry under a new id would be refused.
         if tokens > policy.max_tokens_per_request:  # the bound was lowered while it waited
             decisions.append(_shed(queued.request, "token_bound_exceeded",
                                    "request token bound exceeds policy", False,
                                    {**facts, "max_tokens_per_request": policy.max_tokens_per_request}))
+            continue
+        if now > queued.request.deadline_at_seconds:
+            decisions.append(_shed(queued.request, "deadline_passed_in_queue",
+                                   "the deadline passed while the request was queued", True,
+                                   facts))
             continue
         if live + tokens > policy.max_live_tokens:
             break
@@ -245,8 +246,8 @@ def promote(state: PoolState, now: float, policy: AdmissionPolicy, why: str = CA
             ) -> tuple[tuple[AdmissionDecision, ...], PoolState]:
     """Admit the queue's head while it fits under a budget that grew (FIFO, no overtaking).
 
-    A head whose deadline has passed, or whose tokens exceed `max_tokens_per_request` (lowered
-    while it waited), is shed and the walk goes on; the walk stops at the first head that does
+    A head whose tokens exceed `max_tokens_per_request` (lowered while it waited), or whose
+    deadline has passed, is shed and the walk goes on; the walk stops at the first head that does
     not fit. Nothing queued, or nothing that fits, decides nothing. `why` is the
     promotions' message (what grew the budget); their code is `promoted_from_queue`.
     """

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy.exc import DBAPIError, IntegrityError
+import sqlite3
+from pathlib import Path
 
-from events import driver
+import pytest
+from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound, OperationalError
+
+from controlplane.runtime import open_store
+from events import database, driver
+from events.canonical import GENESIS_HASH
 from events.model import StreamAppend
 from events.store import EventStore
+from events.tables import log_head_table
 from tests.factories import event
 
 EVENT_IDS = "SELECT event_id FROM events WHERE stream_id = ? AND event_id IN ({in}) ORDER BY event_id"
@@ -36,3 +42,30 @@ def test_a_driver_error_is_sqlalchemys_and_the_transaction_writes_nothing(store:
 def test_a_driver_with_an_unknown_parameter_style_is_refused() -> None:
     with pytest.raises(ValueError, match="named"):
         driver._text("SELECT ?", 0, "named")
+
+
+def test_a_sqlite_writer_that_cannot_have_the_lock_gets_sqlalchemys_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(database, "SQLITE_BUSY_TIMEOUT_MS", 100)
+    store = open_store(f"sqlite:///{tmp_path}/locked.db")
+    holder = sqlite3.connect(tmp_path / "locked.db", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(OperationalError, match="locked"), store.transaction():
+            pass
+    finally:
+        holder.rollback()
+        holder.close()
+    store.append([StreamAppend("s/1", 0, [event("a", {})])])  # the lock is free again
+    assert store.head()[0] == 1
+
+
+def test_a_log_without_its_head_row_is_refused_with_sqlalchemys_error(store: EventStore) -> None:
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM log_head")
+    try:
+        with pytest.raises(NoResultFound, match="fleetctl init"), store.transaction():
+            pass
+    finally:  # the PostgreSQL database outlives this test: put the empty log's head back
+        with store.engine.begin() as conn:
+            conn.execute(log_head_table.insert().values(id=1, position=0, hash=GENESIS_HASH))

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sqlalchemy import event
 
 from controlplane.runtime import open_store
+from events import driver
 from events.store import EventStore
 
 
-def test_prefetched_rows_read_as_without_prefetch_and_cost_no_query_each(store: EventStore) -> None:
+def test_prefetched_rows_read_as_without_prefetch_and_cost_no_query_each(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
     with store.transaction() as tx:
         tx.projections.put("things", "a", {"n": 1})
         tx.projections.put("things", "b", {"n": 2})
@@ -21,7 +24,15 @@ def test_prefetched_rows_read_as_without_prefetch_and_cost_no_query_each(store: 
     def count(*args: Any) -> None:
         statements.append(str(args[2]))
 
+    run_on_driver = driver._run
+
+    def count_driver(connection: Any, template: str, *args: Any, **kwargs: Any) -> Any:
+        statements.append(template)
+        return run_on_driver(connection, template, *args, **kwargs)
+
+    # Statements through SQLAlchemy and on the driver's cursor (`events.driver`) alike.
     event.listen(store.engine, "before_cursor_execute", count)
+    monkeypatch.setattr(driver, "_run", count_driver)
     try:
         with store.transaction() as tx:
             tx.projections.put("things", "b", {"n": 20})  # this transaction's write wins
@@ -35,4 +46,4 @@ def test_prefetched_rows_read_as_without_prefetch_and_cost_no_query_each(store: 
         event.remove(store.engine, "before_cursor_execute", count)
         store.engine.dispose()
     assert got == [{"n": 1}, {"n": 20}, None]
-    assert fetched <= 2 and after_gets == 0
+    assert 1 <= fetched <= 2 and after_gets == 0

@@ -142,3 +142,8 @@ def test_a_plain_record_is_stored_as_the_checked_path_would_store_it(value: dict
 
 def test_a_plain_record_with_a_huge_integer_takes_the_checked_path() -> None:
     assert encode(Plain({"n": 2**80})) == ('{"n":1208925819614629174706176}', {"n": 2**80})
+
+
+def test_a_plain_record_holding_something_that_is_not_json_is_still_refused() -> None:
+    with pytest.raises(TypeError):
+        encode(Plain({"at": datetime(2026, 1, 1, tzinfo=UTC)}))

@@ -16,3 +16,7 @@ def test_a_log_line_is_sorted_json_and_odd_values_become_their_repr() -> None:
 
 def test_an_integer_beyond_64_bits_is_still_written_exactly() -> None:
     assert json.loads(json_line({"event": "x", "n": 2**80}))["n"] == 2**80
+
+
+def test_a_huge_integer_beside_keys_of_mixed_types_still_gives_one_json_line() -> None:
+    assert json.loads(json_line({"event": "x", 1: 2**80}))["1"] == 2**80

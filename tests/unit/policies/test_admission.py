@@ -236,6 +236,14 @@ def test_a_queued_request_over_a_lowered_token_bound_is_shed_not_promoted() -> N
     assert after.queue == ("narrow",)
 
 
+def test_a_queued_request_late_and_over_a_lowered_bound_is_shed_for_the_bound() -> None:
+    pool = AdmissionController(AdmissionPolicy(100, 1, 100))
+    pool.decide(request("a", 100, 0, 99), now=0, estimated_queue_seconds=0)
+    pool.decide(request("wide", 60, 0, 3), now=0, estimated_queue_seconds=1)
+    _, refused = release(pool.state, "a", 5, AdmissionPolicy(100, 1, 50))[0]
+    assert (code(refused), refused.reasons[0].facts["retryable"]) == ("token_bound_exceeded", False)
+
+
 def test_a_grown_budget_promotes_the_queue_head_first_and_never_past_one_that_does_not_fit(
         ) -> None:
     pool = AdmissionController(AdmissionPolicy(100, 4, 1_000))
