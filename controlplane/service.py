@@ -13,8 +13,6 @@ from controlplane.errors import FieldProblem, SubmissionRejected
 from controlplane.handlers import EFFECTS, PRECHECKS
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import ENTITY, PENDING, apply_event
-from events import driver
-from events.database import in_lists
 from events.model import NewEvent, StreamAppend, derived_event_id
 from events.projections import SqlProjections
 from events.store import EventStore, LogTransaction
@@ -38,7 +36,7 @@ def accept(store: EventStore, commands: Sequence[CommandBase],
     """
     with store.transaction() as tx:
         event_ids = [accepted_event_id(c.command_id) for c in commands]
-        known = _stored_event_ids(tx, event_ids)
+        known = tx.stored_event_ids(event_ids)
         fresh, fresh_ids, seen = [], [], set()
         fresh_lines = []
         for index, (command, event_id) in enumerate(zip(commands, event_ids, strict=True)):
@@ -83,15 +81,6 @@ def precheck(tx: LogTransaction, commands: Sequence[CommandBase],
                             for field, message in check(command, tx.projections))
         declared.update(command.creates())
     return problems
-
-
-def _stored_event_ids(tx: LogTransaction, event_ids: list[str]) -> set[str]:
-    found: set[str] = set()
-    for chunk in in_lists(event_ids):
-        found.update(event_id for (event_id,) in driver.fetch(
-            tx.connection, "SELECT event_id FROM events WHERE event_id IN ({in})",
-            in_values=chunk))
-    return found
 
 
 Enqueue = Callable[[list[str]], object]

@@ -47,6 +47,7 @@ _HEAD = "SELECT position, hash FROM log_head WHERE id = 1"
 _LOCK_HEAD = _HEAD + " FOR UPDATE"
 _UPDATE_HEAD = "UPDATE log_head SET position = ?, hash = ? WHERE id = 1"
 _EVENTS_BY_ID = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE event_id IN ({{in}})"
+_EVENT_IDS = "SELECT event_id FROM events WHERE event_id IN ({in})"
 _MAX_VERSIONS = ("SELECT stream_id, max(stream_version) FROM events WHERE stream_id IN ({in})"
                  " GROUP BY stream_id")
 
@@ -89,6 +90,14 @@ class LogTransaction:
             found: dict[str, int] = dict(driver.fetch(self.connection, _MAX_VERSIONS, in_values=chunk))
             for stream_id in chunk:
                 self._versions[stream_id] = found.get(stream_id) or 0
+
+    def stored_event_ids(self, event_ids: Sequence[str]) -> set[str]:
+        """Which of `event_ids` the log's table holds (this transaction's unflushed rows aside)."""
+        found: set[str] = set()
+        for chunk in in_lists(event_ids):
+            found.update(event_id for (event_id,) in driver.fetch(self.connection, _EVENT_IDS,
+                                                                  in_values=chunk))
+        return found
 
     def events_for_commands(self, command_ids: Sequence[str],
                             excluded_type: str | None = None) -> dict[str, list[RecordedEvent]]:
