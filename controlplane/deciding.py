@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from sqlalchemy.engine import Connection
 
 from controlplane.commands import CommandBase
 from controlplane.decisions import ACCEPTED, DecisionContext
@@ -64,16 +65,17 @@ class Prepared:
     command: CommandBase
 
 
-def decide_batch(store: EventStore, prepared: list[Prepared],
-                 policies: PolicyBook) -> list[Outcome]:
-    """Decide and append the batch in one transaction holding the append lock.
+def decide_batch(store: EventStore, prepared: list[Prepared], policies: PolicyBook,
+                 connection: Connection | None = None) -> list[Outcome]:
+    """Decide and append the batch in one transaction holding the append lock (on `connection`,
+    the one the batch was read on, when given: see `EventStore.transaction`).
 
     A version conflict (another writer moved a stream) starts over with fresh state, a bounded
     number of times.
     """
     for attempt in range(MAX_CONFLICT_RETRIES):
         try:
-            with store.transaction() as tx:
+            with store.transaction(connection) as tx:
                 outcomes = _decide_in(tx, prepared, policies)
         except ConcurrencyConflict as conflict:
             log.warning("decision_conflict_retry", attempt=attempt, stream_id=conflict.stream_id)

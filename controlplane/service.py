@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import structlog
+from sqlalchemy.engine import Connection
 
 from controlplane.commands import CommandBase, parse_command
 from controlplane.deciding import Outcome, Prepared, decide_batch
@@ -100,8 +101,11 @@ def decide(store: EventStore, command_ids: Sequence[str],
     """
     policies = policies or PolicyBook()
     ids = list(dict.fromkeys(command_ids))
-    done, prepared = _prepare(store, ids)
-    decided = decide_batch(store, prepared, policies) if prepared else []
+    # One connection for the inbox read and the decisions' transaction (on PostgreSQL, one
+    # database transaction: a one-command decision had spent half its time in round trips).
+    with store.reading() as connection:
+        done, prepared = _prepare(store, connection, ids)
+        decided = decide_batch(store, prepared, policies, connection) if prepared else []
     by_id = {outcome.command_id: outcome for outcome in [*done, *decided]}
     outcomes = [by_id[command_id] for command_id in ids if command_id in by_id]
     run_effects(store, outcomes)
@@ -112,14 +116,15 @@ def decide(store: EventStore, command_ids: Sequence[str],
     return outcomes
 
 
-def _prepare(store: EventStore, command_ids: list[str]) -> tuple[list[Outcome], list[Prepared]]:
+def _prepare(store: EventStore, connection: Connection,
+             command_ids: list[str]) -> tuple[list[Outcome], list[Prepared]]:
     """Before any lock: outcomes of commands already decided, and the rest parsed.
 
     Accepted commands never change, so reading the inbox needs no lock; whether a command is
     still undecided is checked again when its decision is appended.
     """
     done, prepared = [], []
-    for command_id, recorded in store.events_for_commands(command_ids).items():
+    for command_id, recorded in store.events_for_commands(command_ids, connection).items():
         accepted = next((e for e in recorded if e.event_type == ACCEPTED), None)
         decided = tuple(e for e in recorded if e.event_type != ACCEPTED)
         if accepted is None:

@@ -61,36 +61,57 @@ def begin(connection: Connection, statement: str) -> None:
 
 
 def _run(connection: Connection, template: str, parameters: Sequence[Any], in_count: int,
-         many: bool) -> Any:
+         mode: str) -> Any:
+    """Run the statement: `mode` "rows" returns its rows, "none" nothing, "many" runs it once per
+    row of `parameters` (inside `pipeline`, "none" and "many" do not wait for the server)."""
     sql = _text(template, in_count, connection.dialect.paramstyle)
     if not connection.in_transaction():
         connection.begin()  # as a SQLAlchemy statement would autobegin
     cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         with _as_sqlalchemy_errors(connection, sql, parameters, cursor):
-            if many:
+            if mode == "many":
                 cursor.executemany(sql, parameters)
                 return None
             cursor.execute(sql, parameters)
-            return cursor.fetchall() if cursor.description is not None else None
+            return cursor.fetchall() if mode == "rows" else None
     finally:
         cursor.close()
+
+
+@contextmanager
+def pipeline(connection: Connection) -> Iterator[None]:
+    """Send the statements run inside (`execute`, `execute_many`) without waiting for each.
+
+    On PostgreSQL they go in one round trip (psycopg's pipeline mode), and an error any of them
+    meets is raised, as SQLAlchemy's exception, when the block ends (or at a `fetch` inside
+    it); the transaction is then failed, as after any error. On SQLite, which has no round trips, each
+    runs as it is issued.
+    """
+    start = getattr(connection.connection.driver_connection, "pipeline", None)
+    if start is None:
+        yield
+        return
+    if not connection.in_transaction():
+        connection.begin()
+    with _as_sqlalchemy_errors(connection, "(pipelined statements)", ()), start():
+        yield
 
 
 def fetch(connection: Connection, template: str, *parameters: Any,
           in_values: Sequence[Any] = ()) -> list[Row]:
     """The rows a query returns; `in_values` fill its `{in}` slot, after `parameters`."""
     return _run(connection, template, [*parameters, *in_values], len(in_values),  # type: ignore[no-any-return]
-                many=False)
+                "rows")
 
 
 def execute(connection: Connection, template: str, *parameters: Any,
             in_values: Sequence[Any] = ()) -> None:
     """Run a statement that returns no rows; `in_values` fill its `{in}` slot."""
-    _run(connection, template, [*parameters, *in_values], len(in_values), many=False)
+    _run(connection, template, [*parameters, *in_values], len(in_values), "none")
 
 
 def execute_many(connection: Connection, template: str, rows: Sequence[Sequence[Any]]) -> None:
     """Run a statement once per row of parameters, in one driver call."""
     if rows:
-        _run(connection, template, rows, 0, many=True)
+        _run(connection, template, rows, 0, "many")

@@ -254,12 +254,25 @@ class EventStore:
         self.lock_held_seconds = 0.0
 
     @contextmanager
-    def transaction(self) -> Iterator[LogTransaction]:
-        """A write transaction holding the append lock; commits on success, else rolls back."""
+    def reading(self) -> Iterator[Connection]:
+        """A connection to read the log on before taking the append lock, then to pass to
+        `transaction`: one connection, and on PostgreSQL one database transaction, for both."""
+        with self.engine.connect() as connection:
+            yield connection
+
+    @contextmanager
+    def transaction(self, connection: Connection | None = None) -> Iterator[LogTransaction]:
+        """A write transaction holding the append lock; commits on success, else rolls back.
+
+        `connection`: one from `reading` the caller has read on; the transaction goes on on it
+        (on PostgreSQL in the database transaction its reads began, the lock taken now; on
+        SQLite, where a reader cannot become the writer, its read transaction is ended first).
+        Reads made before the lock may be stale: what the lock protects is read again under it.
+        """
         asked = time.perf_counter()
         locked: float | None = None
         try:
-            with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
+            with self._writing(connection) as conn:
                 # SQLite: BEGIN IMMEDIATE took the lock; PostgreSQL: the head row's lock.
                 head = driver.fetch(conn, _HEAD if is_sqlite(self.engine) else _LOCK_HEAD)
                 if len(head) != 1:
@@ -273,8 +286,9 @@ class EventStore:
                         since, hashes = self._known_since_checkpoint
                         tx.since_checkpoint = (since, list(hashes))
                 yield tx
-                tx.flush()
-                tx.projections.flush(head=(tx.head_position, tx.head_hash))
+                with driver.pipeline(conn):  # PostgreSQL: every write in one round trip
+                    tx.flush()
+                    tx.projections.flush(head=(tx.head_position, tx.head_hash))
         finally:
             released = time.perf_counter()
             locked = released if locked is None else locked  # never took it: all of it waiting
@@ -285,6 +299,23 @@ class EventStore:
         self._known_versions = tx._versions if len(tx._versions) <= MAX_KNOWN_VERSIONS else {}
         self._known_since_checkpoint = tx.since_checkpoint
         self.statistics.after_commit(tx.head_position)
+
+    @contextmanager
+    def _writing(self, connection: Connection | None) -> Iterator[Connection]:
+        """A connection in a write transaction (`fleet_write`), committed when the block ends
+        without an error, else rolled back: a new one, or the reader's `connection` taken over."""
+        if connection is None:
+            with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
+                yield conn
+            return
+        if is_sqlite(self.engine) and connection.in_transaction():
+            connection.rollback()  # only read: BEGIN IMMEDIATE must start the writer's transaction
+        connection.execution_options(fleet_write=True)
+        try:
+            with connection.get_transaction() or connection.begin():
+                yield connection
+        finally:
+            connection.execution_options(fleet_write=False)
 
     def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
         """Atomically append to one or several streams (see `LogTransaction.append`)."""
@@ -327,8 +358,12 @@ class EventStore:
     def events_for_command(self, command_id: str) -> list[RecordedEvent]:
         return self.events_for_commands([command_id]).get(command_id, [])
 
-    def events_for_commands(self, command_ids: Sequence[str]) -> dict[str, list[RecordedEvent]]:
-        """Every event of each command, grouped by command id, in position order."""
+    def events_for_commands(self, command_ids: Sequence[str], connection: Connection | None = None
+                            ) -> dict[str, list[RecordedEvent]]:
+        """Every event of each command, grouped by command id, in position order (read on
+        `connection`, from `reading`, when given)."""
+        if connection is not None:
+            return events_by_command(connection, command_ids)
         with self.engine.connect() as conn:
             return events_by_command(conn, command_ids)
 

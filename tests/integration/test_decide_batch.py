@@ -6,6 +6,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
+
 from controlplane.commands import command_adapter
 from controlplane.service import accept, decide
 from controlplane.workloads import inventory, model, placement
@@ -20,11 +23,12 @@ class InterleavedStore(EventStore):
         super().__init__(store.engine, store.checkpoint_every)
         self.before_lock: Callable[[], None] | None = None
 
-    def transaction(self) -> AbstractContextManager[LogTransaction]:
+    def transaction(self, connection: Connection | None = None
+                    ) -> AbstractContextManager[LogTransaction]:
         if self.before_lock is not None:
             action, self.before_lock = self.before_lock, None
             action()
-        return super().transaction()
+        return super().transaction(connection)
 
 
 def accepted(store: EventStore, *payloads: dict[str, Any]) -> list[str]:
@@ -115,3 +119,23 @@ def test_a_batch_logs_how_long_it_waited_for_the_append_lock_and_held_it(
     assert batch["decided_now"] == len(ids)
     assert batch["lock_wait_ms"] >= 500  # it waited for the other writer...
     assert 0 < batch["lock_held_ms"] < 1_000  # ...whose 1 s hold is not counted as its own
+
+
+def test_a_decision_reads_its_commands_and_appends_on_one_connection(store: EventStore) -> None:
+    """The inbox read and the append share one connection (on PostgreSQL one transaction):
+    one checkout, one ping, instead of two."""
+    decide(store, accepted(store, *inventory(1, 2), model()))
+    ids = accepted(store, placement("one", "chat"))
+    checkouts: list[object] = []
+
+    def count(*args: object) -> None:
+        checkouts.append(args)
+
+    event.listen(store.engine, "checkout", count)
+    try:
+        [outcome] = decide(store, ids)
+    finally:
+        event.remove(store.engine, "checkout", count)
+    assert outcome.decided_now and len(checkouts) == 1
+    assert decision(store, ids[0]).event_type == "ReplicaPlaced"
+    assert_replay_exact(store)
