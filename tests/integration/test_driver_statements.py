@@ -75,13 +75,12 @@ def test_an_error_in_pipelined_writes_is_sqlalchemys_and_nothing_is_written(
         store: EventStore) -> None:
     store.append([StreamAppend("s/1", 0, [event("a", {})])])
     head = store.head()
-    with pytest.raises(IntegrityError), store.transaction() as tx:
-        with driver.pipeline(tx.connection):
-            driver.execute(tx.connection, "UPDATE log_head SET position = 99 WHERE id = 1")
-            driver.execute_many(tx.connection,
-                                "INSERT INTO log_head (id, position, hash) VALUES (?, ?, ?)",
-                                [(1, 5, "x")])
-            driver.execute(tx.connection, "UPDATE log_head SET position = 98 WHERE id = 1")
+    with pytest.raises(IntegrityError), store.transaction() as tx, driver.pipeline(tx.connection):
+        driver.execute(tx.connection, "UPDATE log_head SET position = 99 WHERE id = 1")
+        driver.execute_many(tx.connection,
+                            "INSERT INTO log_head (id, position, hash) VALUES (?, ?, ?)",
+                            [(1, 5, "x")])
+        driver.execute(tx.connection, "UPDATE log_head SET position = 98 WHERE id = 1")
     assert store.head() == head
 
 
@@ -91,10 +90,9 @@ def test_a_duplicate_event_id_is_refused_when_the_batch_is_written_and_the_log_i
     database's UNIQUE(event_id) still refuses a duplicate the caller vouched was new."""
     store.append([StreamAppend("s/1", 0, [event("a", {})])])
     head = store.head()
-    with pytest.raises(IntegrityError):
-        with store.transaction() as tx:
-            tx.append([StreamAppend("s/2", 0, [event("b", {}), event("a", {})])],
-                      check_existing=False)
+    with pytest.raises(IntegrityError), store.transaction() as tx:
+        tx.append([StreamAppend("s/2", 0, [event("b", {}), event("a", {})])],
+                  check_existing=False)
     assert store.head() == head
     assert [e.event_id for e in store.read_stream("s/2")] == []
     store.append([StreamAppend("s/2", 0, [event("b", {})])])  # the store goes on
