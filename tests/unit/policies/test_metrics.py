@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from controlplane.policies.metrics import (
@@ -174,12 +174,18 @@ def _traces(draw: st.DrawFn) -> list[RequestTrace]:
 
 @settings(max_examples=100, deadline=None)
 @given(_traces(), st.tuples(_times, _times, _times, _times))
+@example([RequestTrace("r0", 0.0, 0.0, 5e-324, 1)], (1.0, 1.0, 1.0, 1.0))  # the rate overflows
 def test_outputs_are_finite_and_meeting_means_every_bound_holds(
         traces: list[RequestTrace], limits: tuple[float, float, float, float]) -> None:
     try:
         report = evaluate_service(traces, ServiceObjectives(*limits))
     except PolicyInputError as error:
-        assert error.code == "observation_window_empty"
+        window = (max(t.completed_at_seconds for t in traces)
+                  - min(t.arrived_at_seconds for t in traces))
+        if error.code == "figures_not_finite":  # a window so short the rate overflows
+            assert window > 0 and math.isinf(sum(t.output_tokens for t in traces) / window)
+        else:
+            assert error.code == "observation_window_empty" and window == 0
         return
     json.dumps(to_plain(report), allow_nan=False)
     objectives = ServiceObjectives(*limits)
