@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -61,13 +61,16 @@ class LogTransaction:
     """
 
     def __init__(self, connection: Connection, head_position: int, head_hash: str,
-                 checkpoint_every: int = 0) -> None:
+                 checkpoint_every: int = 0, known_versions: Mapping[str, int] | None = None) -> None:
+        """`known_versions`: stream versions exact at this head (a store's from its last commit),
+        read here but never changed: this transaction's own go in `versions`."""
         self.connection = connection
         self.checkpoint_every = checkpoint_every
         self.head_position = head_position
         self.head_hash = head_hash
         self.projections = SqlProjections(connection, head=(head_position, head_hash))
-        self._versions: dict[str, int] = {}
+        self.known_versions: Mapping[str, int] = known_versions or {}
+        self.versions: dict[str, int] = {}  # read under the lock, or appended, by this transaction
         self._buffer: list[dict[str, Any]] = []
         # The last checkpoint's position and the hashes appended since, when known (a store
         # remembers them from its own last commit); else read from the log when one is due.
@@ -76,20 +79,25 @@ class LogTransaction:
 
     def stream_version(self, stream_id: str) -> int:
         """The stream's current version, 0 for a stream with no events."""
-        if stream_id not in self._versions:
-            self.prefetch_versions([stream_id])
-        return self._versions[stream_id]
+        version = self.versions.get(stream_id)
+        if version is None:
+            version = self.known_versions.get(stream_id)
+            if version is None:
+                self.prefetch_versions([stream_id])
+                version = self.versions[stream_id]
+        return version
 
     def prefetch_versions(self, stream_ids: Sequence[str]) -> None:
         """Read the versions of streams a batch is about to use in one query, not one each.
 
         Read under the append lock, so each is exact until this transaction appends.
         """
-        wanted = [s for s in dict.fromkeys(stream_ids) if s not in self._versions]
+        wanted = [s for s in dict.fromkeys(stream_ids)
+                  if s not in self.versions and s not in self.known_versions]
         for chunk in in_lists(wanted):
             found: dict[str, int] = dict(driver.fetch(self.connection, _MAX_VERSIONS, in_values=chunk))
             for stream_id in chunk:
-                self._versions[stream_id] = found.get(stream_id) or 0
+                self.versions[stream_id] = found.get(stream_id) or 0
 
     def stored_event_ids(self, event_ids: Sequence[str]) -> set[str]:
         """Which of `event_ids` the log's table holds (this transaction's unflushed rows aside)."""
@@ -144,7 +152,7 @@ class LogTransaction:
                 row["hash"] = prev_hash = chain_hash(prev_hash, header_of(row), row["data"])
                 rows.append(row)
                 decoded.append(data)
-            self._versions[batch.stream_id] = version
+            self.versions[batch.stream_id] = version
         if not rows:
             return []
         if self.checkpoint_every:
@@ -184,7 +192,7 @@ class LogTransaction:
         data = {"log_size": last, "from_position": since + 1, "to_position": last,
                 "merkle_root": merkle_root(leaves)}
         version = self.stream_version(CHECKPOINT_STREAM) + 1
-        self._versions[CHECKPOINT_STREAM] = version
+        self.versions[CHECKPOINT_STREAM] = version
         new = NewEvent(event_id=derived_event_id("checkpoint", str(last)),
                        event_type=CHECKPOINT_EVENT, data=data, occurred_at=rows[-1]["occurred_at"],
                        actor="log", tenant="system")
@@ -279,12 +287,12 @@ class EventStore:
                     raise NoResultFound("the log has no head row: run `fleetctl init` on it")
                 ((position, head_hash),) = head
                 locked = time.perf_counter()
-                tx = LogTransaction(conn, position, head_hash, self.checkpoint_every)
-                if self._known_head == (position, head_hash):
-                    tx._versions = dict(self._known_versions)
-                    if self._known_since_checkpoint is not None:
-                        since, hashes = self._known_since_checkpoint
-                        tx.since_checkpoint = (since, list(hashes))
+                known = self._known_head == (position, head_hash)
+                tx = LogTransaction(conn, position, head_hash, self.checkpoint_every,
+                                    self._known_versions if known else None)
+                if known and self._known_since_checkpoint is not None:
+                    since, hashes = self._known_since_checkpoint
+                    tx.since_checkpoint = (since, list(hashes))
                 yield tx
                 with driver.pipeline(conn):  # PostgreSQL: every write in one round trip
                     tx.flush()
@@ -294,9 +302,12 @@ class EventStore:
             locked = released if locked is None else locked  # never took it: all of it waiting
             self.lock_wait_seconds += locked - asked
             self.lock_held_seconds += released - locked
-        # Committed: remember the versions, bounded so a long-lived process stays small.
+        # Committed: remember the versions, bounded so a long-lived process stays small. Those
+        # known before were read, never changed, by the transaction: only its own are added.
+        versions = self._known_versions if tx.known_versions is self._known_versions else {}
+        versions.update(tx.versions)
         self._known_head = (tx.head_position, tx.head_hash)
-        self._known_versions = tx._versions if len(tx._versions) <= MAX_KNOWN_VERSIONS else {}
+        self._known_versions = versions if len(versions) <= MAX_KNOWN_VERSIONS else {}
         self._known_since_checkpoint = tx.since_checkpoint
         self.statistics.after_commit(tx.head_position)
 

@@ -113,6 +113,20 @@ def test_a_failed_transaction_leaves_no_gap_in_positions(store: EventStore) -> N
     assert [(e.position, e.data["slot"]) for e in store.read_all()] == [(1, "kept")]
 
 
+def test_a_failed_transaction_leaves_the_stream_versions_the_store_remembers_unchanged(
+        store: EventStore) -> None:
+    store.append([StreamAppend("s/1", 0, [event("a")])])  # the store now knows s/1 is at 1
+    with pytest.raises(RuntimeError), store.transaction() as tx:
+        tx.append([StreamAppend("s/1", 1, [event("lost")]), StreamAppend("s/2", 0, [event("x")])])
+        raise RuntimeError("handler crashed after appending")
+    with store.transaction() as tx:
+        assert (tx.stream_version("s/1"), tx.stream_version("s/2")) == (1, 0)
+    store.append([StreamAppend("s/1", 1, [event("b")]), StreamAppend("s/2", 0, [event("y")])])
+    with store.transaction() as tx:
+        assert (tx.stream_version("s/1"), tx.stream_version("s/2")) == (2, 1)
+    assert [e.data["slot"] for e in store.read_stream("s/1")] == ["a", "b"]
+
+
 def test_the_database_refuses_a_duplicate_stream_version(store: EventStore) -> None:
     """Uniqueness is the database's job, not only the store's check."""
     store.append([StreamAppend("s/1", 0, [event("a")])])
