@@ -101,7 +101,9 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _configure_sqlite(engine)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    # READ COMMITTED whatever the server's default: a decision reads its inbox, then takes the
+    # head row's lock in the same transaction, and must see every commit made before the lock.
+    return create_engine(url, pool_pre_ping=True, isolation_level="READ COMMITTED")
 
 
 def _configure_sqlite(engine: Engine) -> None:

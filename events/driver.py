@@ -8,7 +8,8 @@ IN list, and every value is bound by the driver, never formatted into the text.
 
 They run in the connection's transaction, begun through SQLAlchemy as its own statements would
 autobegin one (on SQLite `BEGIN`, or `BEGIN IMMEDIATE` for a writer, issued by `begin` below),
-so the reads of one connection share a snapshot and the pool rolls back what a reader leaves. A
+so on SQLite the reads of one connection share a snapshot (PostgreSQL runs at READ COMMITTED:
+each statement sees what was committed before it), and the pool rolls back what a reader leaves. A
 driver error is raised as SQLAlchemy's matching exception (`OperationalError`,
 `IntegrityError`...), so callers catch one family; a lost connection is invalidated, as
 SQLAlchemy would.
@@ -79,19 +80,31 @@ def _run(connection: Connection, template: str, parameters: Sequence[Any], in_co
         cursor.close()
 
 
+@lru_cache(maxsize=1)
+def _psycopg_pipelines() -> bool:
+    """psycopg's pipeline mode needs libpq 14 or later (its binary wheel bundles one)."""
+    from psycopg import Pipeline
+    return bool(Pipeline.is_supported())
+
+
+def _pipelines(driver_connection: Any) -> bool:
+    return hasattr(driver_connection, "pipeline") and _psycopg_pipelines()
+
+
 @contextmanager
 def pipeline(connection: Connection) -> Iterator[None]:
     """Send the statements run inside (`execute`, `execute_many`) without waiting for each.
 
-    On PostgreSQL they go in one round trip (psycopg's pipeline mode), and an error any of them
-    meets is raised, as SQLAlchemy's exception, when the block ends (or at a `fetch` inside
-    it); the transaction is then failed, as after any error. On SQLite, which has no round trips, each
-    runs as it is issued.
+    On PostgreSQL they go in one round trip (psycopg's pipeline mode, when its libpq has it),
+    and an error any of them meets is raised, as SQLAlchemy's exception, when the block ends
+    (or at a `fetch` inside it, named after that fetch's statement); the transaction has then
+    failed, as after any error. On SQLite, which has no round trips, each runs as it is issued.
     """
-    start = getattr(connection.connection.driver_connection, "pipeline", None)
-    if start is None:
+    driver_connection = connection.connection.driver_connection
+    if not _pipelines(driver_connection):
         yield
         return
+    start = driver_connection.pipeline  # type: ignore[union-attr]
     if not connection.in_transaction():
         connection.begin()
     with _as_sqlalchemy_errors(connection, "(pipelined statements)", ()), start():

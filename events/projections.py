@@ -187,12 +187,23 @@ class SqlProjections:
         """Write the buffered changes; called by the transaction just before it commits.
 
         `head`: the log head the transaction leaves, when the caller has it (else it is read).
+        The writes may be pipelined (`write_pending` inside `events.driver.pipeline`): the cache
+        is settled here, only once they are known to have succeeded.
         """
-        self._write_pending()
+        self.write_pending()
         if self._shared:
             self._cache.settle(self.connection, head)
 
-    def _write_pending(self) -> None:
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    def abandon(self) -> None:
+        """The transaction failed: the shared cache is not trusted until revalidated."""
+        if self._shared:
+            self._cache.dirty = True
+
+    def write_pending(self) -> None:
+        """Issue the buffered deletes and upserts (inside a pipeline, not yet known to succeed)."""
         if not self._pending:
             return
         deletes: dict[str, list[str]] = {}

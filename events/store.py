@@ -113,6 +113,10 @@ class LogTransaction:
         self.flush()
         return events_by_command(self.connection, command_ids, excluded_type)
 
+    def has_writes(self) -> bool:
+        """Whether committing would write anything (appended rows or projection changes)."""
+        return bool(self._buffer) or self.projections.has_pending()
+
     def flush(self) -> None:
         """Write the buffered rows and the new head; the transaction calls it before commit."""
         if not self._buffer:
@@ -264,7 +268,8 @@ class EventStore:
     @contextmanager
     def reading(self) -> Iterator[Connection]:
         """A connection to read the log on before taking the append lock, then to pass to
-        `transaction`: one connection, and on PostgreSQL one database transaction, for both."""
+        `transaction`: one connection for both (on PostgreSQL, one database transaction unless a
+        failed transaction is retried on it)."""
         with self.engine.connect() as connection:
             yield connection
 
@@ -272,13 +277,16 @@ class EventStore:
     def transaction(self, connection: Connection | None = None) -> Iterator[LogTransaction]:
         """A write transaction holding the append lock; commits on success, else rolls back.
 
-        `connection`: one from `reading` the caller has read on; the transaction goes on on it
-        (on PostgreSQL in the database transaction its reads began, the lock taken now; on
-        SQLite, where a reader cannot become the writer, its read transaction is ended first).
-        Reads made before the lock may be stale: what the lock protects is read again under it.
+        `connection`: one from `reading` the caller has only read on; the transaction goes on
+        on it (on PostgreSQL in the database transaction its reads began, if still open, the
+        lock taken now; on SQLite, where a reader cannot become the writer, its read transaction
+        is ended first). Reads made before the lock may be stale: what the lock protects is read
+        again under it. A transaction that fails leaves the shared projection cache untrusted
+        until it is revalidated against the stored rows.
         """
         asked = time.perf_counter()
         locked: float | None = None
+        tx: LogTransaction | None = None
         try:
             with self._writing(connection) as conn:
                 # SQLite: BEGIN IMMEDIATE took the lock; PostgreSQL: the head row's lock.
@@ -294,14 +302,21 @@ class EventStore:
                     since, hashes = self._known_since_checkpoint
                     tx.since_checkpoint = (since, list(hashes))
                 yield tx
-                with driver.pipeline(conn):  # PostgreSQL: every write in one round trip
-                    tx.flush()
-                    tx.projections.flush(head=(tx.head_position, tx.head_hash))
+                if tx.has_writes():
+                    with driver.pipeline(conn):  # PostgreSQL: every write in one round trip
+                        tx.flush()
+                        tx.projections.write_pending()
+                tx.projections.flush(head=(tx.head_position, tx.head_hash))
+        except BaseException:
+            if tx is not None:
+                tx.projections.abandon()  # rows it cached were rolled back, or may have been
+            raise
         finally:
             released = time.perf_counter()
             locked = released if locked is None else locked  # never took it: all of it waiting
             self.lock_wait_seconds += locked - asked
             self.lock_held_seconds += released - locked
+        assert tx is not None
         # Committed: remember the versions, bounded so a long-lived process stays small. Those
         # known before were read, never changed, by the transaction: only its own are added.
         versions = self._known_versions if tx.known_versions is self._known_versions else {}
@@ -321,12 +336,13 @@ class EventStore:
             return
         if is_sqlite(self.engine) and connection.in_transaction():
             connection.rollback()  # only read: BEGIN IMMEDIATE must start the writer's transaction
+        before = connection.get_execution_options().get("fleet_write", False)
         connection.execution_options(fleet_write=True)
         try:
             with connection.get_transaction() or connection.begin():
                 yield connection
         finally:
-            connection.execution_options(fleet_write=False)
+            connection.execution_options(fleet_write=before)
 
     def append(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent]:
         """Atomically append to one or several streams (see `LogTransaction.append`)."""

@@ -93,7 +93,10 @@ def test_a_duplicate_event_id_is_refused_when_the_batch_is_written_and_the_log_i
     with pytest.raises(IntegrityError), store.transaction() as tx:
         tx.append([StreamAppend("s/2", 0, [event("b", {}), event("a", {})])],
                   check_existing=False)
+        tx.projections.put("tested", "k", {"v": 1})
     assert store.head() == head
     assert [e.event_id for e in store.read_stream("s/2")] == []
+    with store.transaction() as tx:
+        assert tx.projections.get("tested", "k") is None
     store.append([StreamAppend("s/2", 0, [event("b", {})])])  # the store goes on
     assert store.head()[0] == head[0] + 1
