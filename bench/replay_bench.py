@@ -5,7 +5,8 @@ scale is `--events 1000000`. It decides a seeded mixed fleet workload
 (`controlplane.workloads.mixed_fleet`: inventory, placements, admissions and releases, autoscaler
 ticks, canaries) into a SQLite log through the ordinary accept and decide path, then measures in
 one run, each in its own child process so peak resident memory is its own:
-  - floor:   scan the rows and decode their JSON, doing nothing else;
+  - floor:   scan the rows and decode their JSON (as the log decodes it, `events.canonical.decode`),
+             doing nothing else;
   - rebuild: fold every event into fresh projections (what `fleetctl replay` does), over the
              first quarter of the log and over all of it: equal peaks mean memory is flat
              (once the pool keeps its maximum of settled admission records, 10,000 by
@@ -79,6 +80,7 @@ def measure(url: str, what: str, to_position: int | None) -> dict[str, float | i
     from controlplane.logging import configure_logging
     from controlplane.replay import fold, verify_decisions
     from controlplane.runtime import open_store
+    from events.canonical import decode
 
     configure_logging("WARNING")
     store = open_store(url)
@@ -90,7 +92,7 @@ def measure(url: str, what: str, to_position: int | None) -> dict[str, float | i
         count = to_position if to_position is not None else store.head()[0]
     elif what == "floor":
         for row in store.read_all(to_position=to_position, raw=True):
-            json.loads(row["data"])
+            decode(row["data"])
             count += 1
     else:
         report = verify_decisions(store, to_position=to_position)

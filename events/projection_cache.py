@@ -18,7 +18,6 @@ The cache mirrors the projections table: everything written to that table goes t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
@@ -26,6 +25,7 @@ from weakref import WeakKeyDictionary
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 
+from events.canonical import decode
 from events.tables import HEAD
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class ProjectionCache:
         current = stored(name)
         for key, text in current.items():
             if texts.get(key) != text:
-                value = rows[key] = json.loads(text)
+                value = rows[key] = decode(text)
                 texts[key] = text
                 for view in views:
                     view.apply(key, value)
@@ -145,7 +145,7 @@ class ProjectionCache:
         if name not in self.complete:
             for key, text in stored(name).items():
                 if key not in table:  # a row written in this transaction is newer
-                    table[key] = json.loads(text)
+                    table[key] = decode(text)
                     self.size += 1
             self.complete.add(name)
         return {key: value for key, value in table.items() if value is not None}
@@ -173,7 +173,7 @@ class ProjectionCache:
             if name not in self.texts and not self.rows.get(name):
                 # Read the texts with the rows, so a later head can be checked against them.
                 texts = self.texts[name] = stored(name)
-                rows = self.rows[name] = {key: json.loads(text) for key, text in texts.items()}
+                rows = self.rows[name] = {key: decode(text) for key, text in texts.items()}
                 self.size += len(rows)
                 self.complete.add(name)
             views[view_id] = build()

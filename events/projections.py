@@ -11,7 +11,6 @@ delete, so it always equals a fresh build from the rows the store would return.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -19,7 +18,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection
 
 from events import driver
-from events.canonical import canonical_json
+from events.canonical import canonical_json, decode
 from events.database import in_lists
 from events.projection_cache import ProjectionCache, cache_for, forget
 from events.tables import projections_table
@@ -160,7 +159,7 @@ class SqlProjections:
         found: dict[str, dict[str, Any]] = {}
         for chunk in in_lists(keys):
             rows = driver.fetch(self.connection, _GET_ROWS, name, in_values=chunk)
-            found.update((key, json.loads(text)) for key, text in rows)
+            found.update((key, decode(text)) for key, text in rows)
         return found
 
     def _stored(self, name: str) -> dict[str, str]:
@@ -229,7 +228,7 @@ def load_all(connection: Connection) -> dict[str, dict[str, Any]]:
     tables: dict[str, dict[str, Any]] = {}
     query = select(projections_table).order_by(projections_table.c.name, projections_table.c.key)
     for row in connection.execute(query):
-        tables.setdefault(row.name, {})[row.key] = json.loads(row.data)
+        tables.setdefault(row.name, {})[row.key] = decode(row.data)
     return tables
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 
 from events import driver
-from events.canonical import encode
+from events.canonical import decode, encode
 from events.database import in_lists
 from events.model import NewEvent, RecordedEvent
 from events.tables import events_table
@@ -56,13 +55,13 @@ def _event(fields: dict[str, Any]) -> RecordedEvent:
 def from_row(row: Sequence[Any]) -> RecordedEvent:
     """A stored row, read as a tuple of every column in table order, as an event."""
     fields = dict(zip(COLUMNS, row, strict=True))
-    fields["data"] = json.loads(fields["data"])
+    fields["data"] = decode(fields["data"])
     return _event(fields)
 
 
 def to_recorded(row: RowMapping | dict[str, Any]) -> RecordedEvent:
     """A stored row, read by column name, as an event."""
-    return with_data(row, json.loads(row["data"]))
+    return with_data(row, decode(row["data"]))
 
 
 def with_data(row: RowMapping | dict[str, Any], data: dict[str, Any]) -> RecordedEvent:

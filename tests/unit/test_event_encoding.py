@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from events.canonical import Plain, canonical_json, digest, encode, header_json
+from events.canonical import Plain, canonical_json, decode, digest, encode, header_json
 from events.model import EVENT_NAMESPACE, derived_event_id
 
 plain_scalars = (st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text()
@@ -147,3 +147,33 @@ def test_a_plain_record_with_a_huge_integer_takes_the_checked_path() -> None:
 def test_a_plain_record_holding_something_that_is_not_json_is_still_refused() -> None:
     with pytest.raises(TypeError):
         encode(Plain({"at": datetime(2026, 1, 1, tzinfo=UTC)}))
+
+
+def _typed(value: Any) -> Any:
+    """`value` with each number's type made visible (1 and 1.0 are equal in Python)."""
+    if isinstance(value, dict):
+        return {key: _typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_typed(item) for item in value]
+    return (type(value).__name__, value)
+
+
+wide_values = st.recursive(
+    plain_scalars | st.integers(-(2**70), 2**70), lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20)
+
+
+@given(wide_values)
+def test_stored_text_decodes_exactly_as_the_standard_library_reads_it(value: Any) -> None:
+    text = canonical_json(value)
+    assert _typed(decode(text)) == _typed(json.loads(text))
+
+
+@pytest.mark.parametrize("text", [
+    "18446744073709551616", '{"a":[-9223372036854775809,1]}',  # orjson would read floats
+    '{"x":1e-05}', '{"b":1,"a":2}', '{"a":1,"a":2}', '"\\ud800"', "NaN", '{"a":1e400}',
+    '{"a": 1}', '"\\u00e9"',
+])
+def test_text_orjson_would_read_otherwise_is_read_by_the_standard_library(text: str) -> None:
+    assert _typed(decode(text)) == _typed(json.loads(text)) or (
+        text == "NaN" and math.isnan(decode(text)))
