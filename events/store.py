@@ -48,6 +48,9 @@ _LOCK_HEAD = _HEAD + " FOR UPDATE"
 _UPDATE_HEAD = "UPDATE log_head SET position = ?, hash = ? WHERE id = 1"
 _EVENTS_BY_ID = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE event_id IN ({{in}})"
 _EVENT_IDS = "SELECT event_id FROM events WHERE event_id IN ({in})"
+_READ_FROM = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE position > ? ORDER BY position LIMIT ?"
+_READ_RANGE = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE position > ? AND position <= ?"
+               " ORDER BY position LIMIT ?")
 _MAX_VERSIONS = ("SELECT stream_id, max(stream_version) FROM events WHERE stream_id IN ({in})"
                  " GROUP BY stream_id")
 
@@ -370,12 +373,9 @@ class EventStore:
         """
         last = from_position
         while True:
-            query = select(events_table).where(events_table.c.position > last)
-            if to_position is not None:
-                query = query.where(events_table.c.position <= to_position)
-            query = query.order_by(events_table.c.position).limit(READ_CHUNK)
-            with self.engine.connect() as conn:
-                rows = [tuple(row) for row in conn.execute(query)]
+            with self.engine.connect() as conn:  # a connection per chunk: no long transaction
+                rows = (driver.fetch(conn, _READ_FROM, last, READ_CHUNK) if to_position is None
+                        else driver.fetch(conn, _READ_RANGE, last, to_position, READ_CHUNK))
             if not rows:
                 return
             for row in rows:
