@@ -27,7 +27,8 @@ from controlplane.handlers import HANDLERS, READS
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import PENDING, apply_event
 from events.model import ConcurrencyConflict, RecordedEvent
-from events.store import EventStore, LogTransaction
+from events.store import EventStore
+from events.transaction import LogTransaction
 
 log = structlog.get_logger(__name__)
 MAX_CONFLICT_RETRIES = 5

@@ -16,7 +16,8 @@ from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import ENTITY, PENDING, apply_event
 from events.model import NewEvent, StreamAppend, derived_event_id
 from events.projections import SqlProjections
-from events.store import EventStore, LogTransaction
+from events.store import EventStore
+from events.transaction import LogTransaction
 
 log = structlog.get_logger(__name__)
 __all__ = ["Outcome", "accept", "decide", "pending_command_ids", "precheck", "run_effects"]

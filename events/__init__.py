@@ -9,7 +9,8 @@ from events.model import (
     StreamAppend,
     derived_event_id,
 )
-from events.store import EventStore, LogTransaction
+from events.store import EventStore
+from events.transaction import LogTransaction
 
 __all__ = [
     "ConcurrencyConflict", "DuplicateEventError", "EventStore", "LogError", "LogTransaction",

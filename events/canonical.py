@@ -93,6 +93,8 @@ def decode(text: str) -> Any:
     text written before orjson rendered the log, or not canonical), the re-encoding differs or
     orjson refuses, and the standard library decodes it.
     """
+    if type(text) is not str:  # bytes from a hand-edited row: the standard library's reading
+        return json.loads(text)
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
@@ -100,7 +102,7 @@ def decode(text: str) -> Any:
     try:
         if orjson.dumps(value, option=_SORTED) == text.encode("utf-8"):
             return value
-    except (orjson.JSONEncodeError, UnicodeEncodeError):
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes
         pass
     return json.loads(text)
 

@@ -36,7 +36,8 @@ from controlplane.state import gateway as gw
 from controlplane.state.fold import apply_event
 from events.model import NewEvent, RecordedEvent, StreamAppend, derived_event_id
 from events.projections import SqlProjections
-from events.store import EventStore, LogTransaction
+from events.store import EventStore
+from events.transaction import LogTransaction
 
 log = structlog.get_logger(__name__)
 EXECUTOR = "gateway-executor"

@@ -12,7 +12,8 @@ from sqlalchemy.engine import Connection
 from controlplane.commands import command_adapter
 from controlplane.service import accept, decide
 from controlplane.workloads import inventory, model, placement
-from events.store import EventStore, LogTransaction
+from events.store import EventStore
+from events.transaction import LogTransaction
 from tests.fleet_helpers import assert_replay_exact, decision
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
 from sqlalchemy import func, select, text
 
+import events.store
 from events.model import ConcurrencyConflict, DuplicateEventError, StreamAppend
 from events.store import EventStore
 from events.tables import events_table
@@ -103,6 +105,17 @@ def test_reads_by_stream_and_from_a_position(store: EventStore) -> None:
     assert [e.data["slot"] for e in store.read_stream("s/1", from_version=2)] == ["d"]
     assert [e.position for e in store.read_all(from_position=2)] == [3, 4]
     assert [e.position for e in store.read_all(from_position=1, to_position=3)] == [2, 3]
+
+
+def test_the_log_is_read_whole_across_chunks_within_any_range(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events.store, "READ_CHUNK", 2)
+    store.append([StreamAppend("s/1", 0, [event(str(i)) for i in range(7)])])
+    assert [e.position for e in store.read_all()] == list(range(1, 8))
+    assert [e.position for e in store.read_all(from_position=1, to_position=5)] == [2, 3, 4, 5]
+    raw = list(store.read_all(from_position=4, raw=True))
+    assert [row["position"] for row in raw] == [5, 6, 7]
+    assert [json.loads(row["data"])["slot"] for row in raw] == ["4", "5", "6"]
 
 
 def test_a_failed_transaction_leaves_no_gap_in_positions(store: EventStore) -> None:

@@ -25,8 +25,9 @@ from controlplane.state.fleet import NODE, PLACEMENT_REFUSED, REPLICA, REPLICA_P
 from controlplane.state.fold import apply_event
 from controlplane.state.gpu_index import GpuIndex, gpu_index
 from events.projections import MemoryProjections, drop_all, load_all
-from events.store import EventStore, LogTransaction
+from events.store import EventStore
 from events.tables import HEAD
+from events.transaction import LogTransaction
 from tests.factories import place_replica as place
 from tests.factories import register_model, register_node
 from tests.fleet_helpers import assert_replay_exact, run

@@ -172,8 +172,12 @@ def test_stored_text_decodes_exactly_as_the_standard_library_reads_it(value: Any
 @pytest.mark.parametrize("text", [
     "18446744073709551616", '{"a":[-9223372036854775809,1]}',  # orjson would read floats
     '{"x":1e-05}', '{"b":1,"a":2}', '{"a":1,"a":2}', '"\\ud800"', "NaN", '{"a":1e400}',
-    '{"a": 1}', '"\\u00e9"',
+    '{"a": 1}', '"\\u00e9"', "[" * 300 + "]" * 300, '{"a":' * 300 + "1" + "}" * 300,
 ])
 def test_text_orjson_would_read_otherwise_is_read_by_the_standard_library(text: str) -> None:
     assert _typed(decode(text)) == _typed(json.loads(text)) or (
         text == "NaN" and math.isnan(decode(text)))
+
+
+def test_text_read_as_bytes_is_read_as_the_standard_library_reads_it() -> None:
+    assert decode(b'{"a":1}') == json.loads(b'{"a":1}') == {"a": 1}  # type: ignore[arg-type]

@@ -1,0 +1,234 @@
+"""A write transaction on the log: appends at expected versions, the hash chain, checkpoints."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+
+from events import driver
+from events.canonical import chain_hash
+from events.database import in_lists
+from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
+from events.model import (
+    ConcurrencyConflict,
+    DuplicateEventError,
+    NewEvent,
+    RecordedEvent,
+    StreamAppend,
+    derived_event_id,
+)
+from events.projections import SqlProjections
+from events.rows import (
+    EVENT_COLUMNS_SQL,
+    INSERT_EVENTS,
+    events_by_command,
+    from_row,
+    header_of,
+    row_for,
+    row_values,
+    to_recorded,
+    with_data,
+)
+from events.tables import events_table
+
+# The append path's statements, run on the driver (`events.driver`).
+UPDATE_HEAD = "UPDATE log_head SET position = ?, hash = ? WHERE id = 1"
+_EVENTS_BY_ID = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE event_id IN ({{in}})"
+_EVENT_IDS = "SELECT event_id FROM events WHERE event_id IN ({in})"
+_MAX_VERSIONS = ("SELECT stream_id, max(stream_version) FROM events WHERE stream_id IN ({in})"
+                 " GROUP BY stream_id")
+
+
+class LogTransaction:
+    """A write transaction that holds the log's append lock from its first statement.
+
+    Everything read through it (streams, projections) is exactly the log before the positions it
+    appends, which is what makes a recorded decision re-derivable. Appended rows are buffered and
+    written in one batch when the transaction commits (`flush`); nothing is written if it fails.
+    """
+
+    def __init__(self, connection: Connection, head_position: int, head_hash: str,
+                 checkpoint_every: int = 0, known_versions: Mapping[str, int] | None = None) -> None:
+        """`known_versions`: stream versions exact at this head (a store's from its last commit),
+        read here but never changed: this transaction's own go in `versions`."""
+        self.connection = connection
+        self.checkpoint_every = checkpoint_every
+        self.head_position = head_position
+        self.head_hash = head_hash
+        self.projections = SqlProjections(connection, head=(head_position, head_hash))
+        self.known_versions: Mapping[str, int] = known_versions or {}
+        self.versions: dict[str, int] = {}  # read under the lock, or appended, by this transaction
+        self._buffer: list[dict[str, Any]] = []
+        # The last checkpoint's position and the hashes appended since, when known (a store
+        # remembers them from its own last commit); else read from the log when one is due.
+        self.since_checkpoint: tuple[int, list[str]] | None = None
+        self.appended: list[RecordedEvent] = []
+
+    def stream_version(self, stream_id: str) -> int:
+        """The stream's current version, 0 for a stream with no events."""
+        version = self.versions.get(stream_id)
+        if version is None:
+            version = self.known_versions.get(stream_id)
+            if version is None:
+                self.prefetch_versions([stream_id])
+                version = self.versions[stream_id]
+        return version
+
+    def prefetch_versions(self, stream_ids: Sequence[str]) -> None:
+        """Read the versions of streams a batch is about to use in one query, not one each.
+
+        Read under the append lock, so each is exact until this transaction appends.
+        """
+        wanted = [s for s in dict.fromkeys(stream_ids)
+                  if s not in self.versions and s not in self.known_versions]
+        for chunk in in_lists(wanted):
+            found: dict[str, int] = dict(driver.fetch(self.connection, _MAX_VERSIONS, in_values=chunk))
+            for stream_id in chunk:
+                self.versions[stream_id] = found.get(stream_id) or 0
+
+    def stored_event_ids(self, event_ids: Sequence[str]) -> set[str]:
+        """Which of `event_ids` the log's table holds (this transaction's unflushed rows aside)."""
+        found: set[str] = set()
+        for chunk in in_lists(event_ids):
+            found.update(event_id for (event_id,) in driver.fetch(self.connection, _EVENT_IDS,
+                                                                  in_values=chunk))
+        return found
+
+    def events_for_commands(self, command_ids: Sequence[str],
+                            excluded_type: str | None = None) -> dict[str, list[RecordedEvent]]:
+        """Every event of each command (but those of `excluded_type`), grouped, in order."""
+        self.flush()
+        return events_by_command(self.connection, command_ids, excluded_type)
+
+    def has_writes(self) -> bool:
+        """Whether committing would write anything (appended rows or projection changes)."""
+        return bool(self._buffer) or self.projections.has_pending()
+
+    def flush(self) -> None:
+        """Write the buffered rows and the new head; the transaction calls it before commit."""
+        if not self._buffer:
+            return
+        driver.execute_many(self.connection, INSERT_EVENTS, [row_values(row) for row in self._buffer])
+        driver.execute(self.connection, UPDATE_HEAD, self.head_position, self.head_hash)
+        self._buffer = []
+
+    def append(self, appends: Sequence[StreamAppend],
+               check_existing: bool = True) -> list[RecordedEvent]:
+        """Append to every stream at its expected version, all or nothing.
+
+        Re-appending events already stored at the same streams and versions returns the
+        original records and writes nothing. A stale expected version raises
+        `ConcurrencyConflict`; an event id stored elsewhere, or a batch that only partly
+        overlaps the log, raises `DuplicateEventError`. A caller that already knows its events
+        are new (a decision for a command with none) may skip that look-up with
+        `check_existing=False`; `UNIQUE(event_id)` still refuses a duplicate at commit.
+        """
+        if check_existing:
+            existing = self._existing(appends)
+            if existing is not None:
+                return existing
+        rows: list[dict[str, Any]] = []
+        decoded: list[Any] = []
+        recorded_at = datetime.now(UTC).isoformat(timespec="microseconds")
+        position, prev_hash = self.head_position, self.head_hash
+        for batch in appends:
+            version = self.stream_version(batch.stream_id)
+            if batch.expected_version is not None and batch.expected_version != version:
+                raise ConcurrencyConflict(batch.stream_id, batch.expected_version, version)
+            for new in batch.events:
+                position += 1
+                version += 1
+                row, data = row_for(new, batch.stream_id, version, position, recorded_at)
+                row["prev_hash"] = prev_hash
+                row["hash"] = prev_hash = chain_hash(prev_hash, header_of(row), row["data"])
+                rows.append(row)
+                decoded.append(data)
+            self.versions[batch.stream_id] = version
+        if not rows:
+            return []
+        if self.checkpoint_every:
+            checkpoint = self._checkpoint_row(rows, recorded_at)
+            if checkpoint is not None:
+                rows.append(checkpoint[0])
+                decoded.append(checkpoint[1])
+                position, prev_hash = checkpoint[0]["position"], checkpoint[0]["hash"]
+        self._buffer.extend(rows)
+        self.head_position, self.head_hash = position, prev_hash
+        recorded = [with_data(row, data) for row, data in zip(rows, decoded, strict=True)]
+        self.appended.extend(recorded)
+        return recorded
+
+    def _checkpoint_row(self, rows: list[dict[str, Any]],
+                        recorded_at: str) -> tuple[dict[str, Any], Any] | None:
+        """A checkpoint after this batch when it crosses a multiple of `checkpoint_every`.
+
+        It carries the log size and the Merkle root of every event hash since the previous
+        checkpoint, and is chained like any event, so forging one breaks the chain.
+        """
+        first, last = rows[0]["position"], rows[-1]["position"]
+        every = self.checkpoint_every
+        if last // every == (first - 1) // every:
+            if self.since_checkpoint is not None:
+                self.since_checkpoint[1].extend(row["hash"] for row in rows)
+            return None
+        if self.since_checkpoint is None:
+            self.flush()
+            since = self._last_checkpoint_position()
+            query = (select(events_table.c.hash).where(events_table.c.position > since)
+                     .order_by(events_table.c.position))
+            earlier = list(self.connection.execute(query).scalars())
+        else:
+            since, earlier = self.since_checkpoint
+        leaves = [*earlier, *(row["hash"] for row in rows)]
+        data = {"log_size": last, "from_position": since + 1, "to_position": last,
+                "merkle_root": merkle_root(leaves)}
+        version = self.stream_version(CHECKPOINT_STREAM) + 1
+        self.versions[CHECKPOINT_STREAM] = version
+        new = NewEvent(event_id=derived_event_id("checkpoint", str(last)),
+                       event_type=CHECKPOINT_EVENT, data=data, occurred_at=rows[-1]["occurred_at"],
+                       actor="log", tenant="system")
+        row, decoded = row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at)
+        row["prev_hash"] = rows[-1]["hash"]
+        row["hash"] = chain_hash(row["prev_hash"], header_of(row), row["data"])
+        self.since_checkpoint = (last + 1, [])
+        return row, decoded
+
+    def _last_checkpoint_position(self) -> int:
+        query = select(func.max(events_table.c.position)).where(
+            events_table.c.stream_id == CHECKPOINT_STREAM)
+        return int(self.connection.execute(query).scalar() or 0)
+
+    def _existing(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent] | None:
+        wanted = [(b.stream_id, b.expected_version, i, e) for b in appends
+                  for i, e in enumerate(b.events)]
+        ids = [entry[3].event_id for entry in wanted]
+        if not ids:
+            return None
+        found: dict[str, RecordedEvent] = {}
+        buffered = {row["event_id"]: row for row in self._buffer}
+        for event_id in ids:
+            if event_id in buffered:
+                found[event_id] = to_recorded(buffered[event_id])
+        for chunk in in_lists(ids):
+            for row in driver.fetch(self.connection, _EVENTS_BY_ID, in_values=chunk):
+                stored = from_row(row)
+                found[stored.event_id] = stored
+        if not found:
+            return None
+        if len(found) != len(ids):
+            raise DuplicateEventError("the batch partly overlaps events already in the log")
+        result = []
+        for stream_id, expected, index, new in wanted:
+            stored = found[new.event_id]
+            same_place = (stored.stream_id == stream_id and expected is not None
+                          and stored.stream_version == expected + index + 1)
+            if not same_place and expected is not None:
+                raise DuplicateEventError(
+                    f"event {new.event_id} is already stored at {stored.stream_id}"
+                    f"@{stored.stream_version}")
+            result.append(stored)
+        return result
