@@ -6,7 +6,6 @@ Every process and server here is the harness's own and is stopped by its process
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -30,6 +29,7 @@ from sqlalchemy.engine import make_url
 
 from controlplane.commands import command_adapter
 from controlplane.decisions import ACCEPTED
+from controlplane.faults.processes import kill_process_tree
 from controlplane.runtime import open_store
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
@@ -154,10 +154,9 @@ class Fleet:
         self.last_worker_start = time.monotonic()
 
     def kill_worker(self, worker: subprocess.Popen[bytes]) -> None:
-        """SIGKILL a worker and its work horse (its whole process group)."""
+        """SIGKILL a worker and its work horse (`kill_process_tree`)."""
         self.workers.remove(worker)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(worker.pid, signal.SIGKILL)
+        kill_process_tree(worker.pid)
         worker.wait(timeout=10)
         self.tally.workers_killed += 1
 
@@ -272,7 +271,7 @@ class Fleet:
             try:
                 worker.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                os.killpg(worker.pid, signal.SIGKILL)
+                kill_process_tree(worker.pid)
                 worker.wait(timeout=10)
         self.workers = []
         self.worker_log.close()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 from redis import Redis
 
 from controlplane.commands import command_adapter
+from controlplane.faults.processes import kill_process_tree
 from controlplane.replay import compare_with_live, verify_decisions
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
@@ -82,7 +82,7 @@ def test_racing_workers_keep_every_guarantee_when_one_is_killed_mid_batch(
     deadline = time.monotonic() + 120
     while len(pending_command_ids(store)) > REPLICAS - 60 and time.monotonic() < deadline:
         time.sleep(0.01)
-    os.killpg(workers[0].pid, signal.SIGKILL)
+    kill_process_tree(workers[0].pid)
     for worker in workers[1:]:
         assert worker.wait(timeout=300) == 0
     workers[0].wait(timeout=10)

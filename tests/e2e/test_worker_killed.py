@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from rq.registry import StartedJobRegistry
 
 from controlplane.commands import command_adapter
 from controlplane.decisions import ACCEPTED
+from controlplane.faults.processes import kill_process_tree
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 
 def worker_process(burst: bool = True) -> subprocess.Popen[bytes]:
-    """`fleetctl worker` in its own process group, so the kill takes its work horse too."""
+    """`fleetctl worker` in its own session; `kill_process_tree` takes its work horse too (RQ
+    gives each horse a process group of its own)."""
     args = [sys.executable, "-m", "controlplane.cli.main", "worker"] + (["--burst"] if burst else [])
     return subprocess.Popen(args, env=dict(os.environ), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -54,9 +55,9 @@ def test_a_worker_killed_mid_batch_leaves_every_command_decided_once(
             break
         time.sleep(0.01)
     else:
-        os.killpg(victim.pid, signal.SIGKILL)
+        kill_process_tree(victim.pid)
         pytest.fail("the worker never got going")
-    os.killpg(victim.pid, signal.SIGKILL)
+    kill_process_tree(victim.pid)
     victim.wait(timeout=10)
     decided_at_kill = total - len(pending_command_ids(store))
     assert decided_at_kill < total, "the kill came too late to interrupt anything"
