@@ -182,14 +182,10 @@ class SqlProjections:
         self._pending[(name, key)] = _DELETED
         self._cache.write(name, key, None, self._stored)
 
-    def flush(self, head: tuple[int, str] | None = None) -> None:
-        """Write the buffered changes; called by the transaction just before it commits.
-
-        `head`: the log head the transaction leaves, when the caller has it (else it is read).
-        The writes may be pipelined (`write_pending` inside `events.driver.pipeline`): the cache
-        is settled here, only once they are known to have succeeded.
-        """
-        self.write_pending()
+    def settle(self, head: tuple[int, str] | None = None) -> None:
+        """The buffered changes are written (`write_pending`, perhaps pipelined) and known to
+        have succeeded: the shared cache now mirrors the log at `head`, the head the transaction
+        leaves (read here when the caller does not have it)."""
         if self._shared:
             self._cache.settle(self.connection, head)
 

@@ -92,7 +92,7 @@ class EventStore:
                     with driver.pipeline(conn):  # PostgreSQL: every write in one round trip
                         tx.flush()
                         tx.projections.write_pending()
-                tx.projections.flush(head=(tx.head_position, tx.head_hash))
+                tx.projections.settle(head=(tx.head_position, tx.head_hash))
         except BaseException:
             if tx is not None:
                 tx.projections.abandon()  # rows it cached were rolled back, or may have been

@@ -18,15 +18,16 @@ def kill_process_tree(pid: int) -> None:
     """
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGSTOP)
-    descendants = _descendants(pid)
+    tree = descendants(pid)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-    for child in descendants:
+    for child in tree:
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signal.SIGKILL)
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """Every process descended from `pid` (children first), from Linux `/proc`."""
     found: list[int] = []
     parents = [pid]
     while parents:

@@ -12,7 +12,6 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from redis import Redis
@@ -20,6 +19,7 @@ from rq import Worker
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
 from controlplane.commands import command_adapter
+from controlplane.faults.processes import descendants
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
@@ -28,11 +28,6 @@ from tests.factories import assess_memory
 from workers.queue import command_queue, enqueue_commands
 
 pytestmark = pytest.mark.slow
-
-
-def children(pid: int) -> list[int]:
-    path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(child) for child in path.read_text().split()] if path.exists() else []
 
 
 @contextmanager
@@ -64,10 +59,10 @@ def test_a_killed_work_horse_is_retried_after_its_back_off_without_a_reconcile(
         enqueue_commands(real_redis, Settings(batch_size=total), accepted)  # one job
 
         started = StartedJobRegistry(queue=queue)
-        while not (started.count and children(worker.pid)):
+        while not (started.count and descendants(worker.pid)):
             assert time.monotonic() < deadline, "the job never started"
             time.sleep(0.005)
-        for horse in children(worker.pid):
+        for horse in descendants(worker.pid):
             os.kill(horse, signal.SIGKILL)
         assert len(pending_command_ids(store)) == total, "the kill came after the batch committed"
 

@@ -22,10 +22,10 @@ from rq import Worker
 
 from controlplane.commands import command_adapter
 from controlplane.faults.harness import RedisServer
+from controlplane.faults.processes import descendants
 from controlplane.runtime import open_store
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
-from tests.e2e.test_retries import children
 from tests.e2e.test_worker_killed import decision_counts
 from tests.factories import assess_memory
 from workers.queue import command_queue, enqueue_commands
@@ -81,7 +81,7 @@ def test_a_serving_worker_waits_out_a_lost_redis_and_decides_what_was_accepted_m
         if when == "mid_job":  # one batch long enough to be killed under
             busy = accept(store, commands("busy-", 1_500))
             enqueue_commands(redis, Settings(batch_size=1_500, queues=(QUEUE,)), busy)
-            wait_until(lambda: bool(children(worker.pid)), 30, "the batch started", worker)
+            wait_until(lambda: bool(descendants(worker.pid)), 30, "the batch started", worker)
         redis_server.kill()  # queue, registries and the worker's registration are gone
         during = accept(store, commands("during-", 50))  # enqueueing them would fail now
         time.sleep(1.5)  # long enough for the worker to notice on its heartbeat

@@ -89,15 +89,15 @@ def test_a_transaction_that_fails_after_settling_the_cache_leaves_no_rolled_back
     head did not move (it appended nothing): the next transaction must not see the rows."""
     with store.transaction() as tx:
         tx.projections.get("tested", "k")  # cached as absent, at this head
-    settle = SqlProjections.flush
+    settle = SqlProjections.settle
 
     def settle_then_fail(self: SqlProjections, head: Any = None) -> None:
         settle(self, head)
         raise OperationalError("COMMIT", {}, Exception("the commit failed"))
 
-    monkeypatch.setattr(SqlProjections, "flush", settle_then_fail)
+    monkeypatch.setattr(SqlProjections, "settle", settle_then_fail)
     with pytest.raises(OperationalError), store.transaction() as tx:
         tx.projections.put("tested", "k", {"v": 1})
-    monkeypatch.setattr(SqlProjections, "flush", settle)
+    monkeypatch.setattr(SqlProjections, "settle", settle)
     with store.transaction() as tx:
         assert tx.projections.get("tested", "k") is None
