@@ -110,10 +110,10 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
     """Decide each command against `tx`'s state, the rows and versions it names read ahead."""
     outcomes = []
     ids = [p.command_id for p in prepared]
-    tx.prefetch_versions([key for p in prepared for key in _streams_hinted(p.command)])
-    tx.projections.prefetch([*((PENDING, command_id) for command_id in ids),
-                             *(row for p in prepared
-                               for row in READS.get(p.command.command_type, _no_reads)(p.command))])
+    tx.prefetch([key for p in prepared for key in _streams_hinted(p.command)],
+                [*((PENDING, command_id) for command_id in ids),
+                 *(row for p in prepared
+                   for row in READS.get(p.command.command_type, _no_reads)(p.command))])
     # Decided since `_prepare` read the inbox, by another worker: checked under the lock. A
     # command leaves the pending index with its decision, so only those gone are looked up.
     settled = [command_id for command_id in ids if tx.projections.get(PENDING, command_id) is None]

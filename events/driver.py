@@ -17,7 +17,7 @@ SQLAlchemy would.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
@@ -128,3 +128,53 @@ def execute_many(connection: Connection, template: str, rows: Sequence[Sequence[
     """Run a statement once per row of parameters, in one driver call."""
     if rows:
         _run(connection, template, rows, 0, "many")
+
+
+class Reads:
+    """Queries gathered to run together, each one's rows handed to the function given with it.
+
+    On PostgreSQL they go in one round trip (psycopg's pipeline mode), on SQLite one after the
+    other. Each runs in the connection's transaction; an error any of them meets is raised as
+    SQLAlchemy's exception and no function is called.
+    """
+
+    def __init__(self) -> None:
+        self._queries: list[tuple[str, list[Any], int, Callable[[list[Row]], None]]] = []
+
+    def add(self, template: str, *parameters: Any, in_values: Sequence[Any] = (),
+            then: Callable[[list[Row]], None]) -> None:
+        """Read `template` (see `fetch`) when the reads run, and call `then` with its rows."""
+        self._queries.append((template, [*parameters, *in_values], len(in_values), then))
+
+    def run(self, connection: Connection) -> None:
+        """Run every query gathered (then forget them), in order, and hand each its rows."""
+        queries, self._queries = self._queries, []
+        driver_connection = connection.connection.driver_connection
+        if len(queries) < 2 or not _pipelines(driver_connection):
+            for template, parameters, in_count, then in queries:
+                then(_run(connection, template, parameters, in_count, "rows"))
+            return
+        results = _pipelined(connection, driver_connection,
+                             [(_text(template, in_count, connection.dialect.paramstyle), parameters)
+                              for template, parameters, in_count, _ in queries])
+        for (*_, then), rows in zip(queries, results, strict=True):
+            then(rows)
+
+
+def _pipelined(connection: Connection, driver_connection: Any,
+               statements: list[tuple[str, list[Any]]]) -> list[list[Row]]:
+    """The rows of each statement, all sent before any result is read: one round trip."""
+    if not connection.in_transaction():
+        connection.begin()
+    cursors = []
+    try:
+        with _as_sqlalchemy_errors(connection, "(pipelined queries)", ()):
+            with driver_connection.pipeline():
+                for sql, parameters in statements:
+                    cursors.append(driver_connection.cursor())
+                    cursors[-1].execute(sql, parameters)
+            # The pipeline's end waited for every result: reading them costs no round trip.
+            return [cursor.fetchall() for cursor in cursors]
+    finally:
+        for cursor in cursors:
+            cursor.close()

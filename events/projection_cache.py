@@ -18,7 +18,7 @@ The cache mirrors the projections table: everything written to that table goes t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -123,20 +123,24 @@ class ProjectionCache:
         self.size += 1
         return value
 
-    def preload(self, name: str, keys: list[str],
-                load_many: Callable[[str, list[str]], dict[str, Row]], stored: Stored) -> None:
-        """Read the rows of `keys` not known yet in one go (absent ones become known absent)."""
+    def missing(self, name: str, keys: list[str], stored: Stored) -> list[str]:
+        """Which of `keys` are not known yet (present or absent), each once, for `loaded`."""
         self.revalidate(name, stored)
         if name in self.complete:
-            return
+            return []
+        table = self.rows.get(name, {})
+        return [key for key in dict.fromkeys(keys) if key not in table]
+
+    def loaded(self, name: str, keys: Sequence[str], found: dict[str, Row]) -> None:
+        """`keys` were read in this transaction: those absent from `found` are known absent.
+
+        A row this transaction wrote meanwhile is newer than the read, and kept.
+        """
         table = self.rows.setdefault(name, {})
-        missing = [key for key in dict.fromkeys(keys) if key not in table]
-        if not missing:
-            return
-        found = load_many(name, missing)
-        for key in missing:
-            table[key] = found.get(key)
-        self.size += len(missing)
+        for key in keys:
+            if key not in table:
+                table[key] = found.get(key)
+                self.size += 1
 
     def table(self, name: str, stored: Stored) -> dict[str, Row]:
         """Every present row of `name`; the stored ones are decoded once per head."""

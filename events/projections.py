@@ -11,7 +11,8 @@ delete, so it always equals a fresh build from the rows the store would return.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import delete, select
@@ -141,26 +142,30 @@ class SqlProjections:
         return dict(value) if value is not None else None
 
     def _load(self, name: str, key: str) -> dict[str, Any] | None:
-        return self._load_many(name, [key]).get(key)
+        return _decoded(driver.fetch(self.connection, _GET_ROWS, name, in_values=[key])).get(key)
 
     def prefetch(self, keys: Iterable[tuple[str, str]]) -> None:
-        """Read the rows `keys` (name, key) names in one query per projection, ahead of `get`.
+        """Read the rows `keys` (name, key) names in one query per projection, ahead of `get`
+        (on PostgreSQL all in one round trip).
 
         Only a speed-up: `get` returns exactly what it would have without it.
         """
+        reads = driver.Reads()
+        self.read_ahead(reads, keys)
+        reads.run(self.connection)
+
+    def read_ahead(self, reads: driver.Reads, keys: Iterable[tuple[str, str]]) -> None:
+        """Add to `reads` the queries `prefetch` would run (for a caller with reads of its own)."""
         by_name: dict[str, list[str]] = {}
         for name, key in keys:
             if (name, key) not in self._pending:
                 by_name.setdefault(name, []).append(key)
         for name, wanted in by_name.items():
-            self._cache.preload(name, wanted, self._load_many, self._stored)
+            for chunk in in_lists(self._cache.missing(name, wanted, self._stored)):
+                reads.add(_GET_ROWS, name, in_values=chunk, then=partial(self._loaded, name, chunk))
 
-    def _load_many(self, name: str, keys: list[str]) -> dict[str, dict[str, Any]]:
-        found: dict[str, dict[str, Any]] = {}
-        for chunk in in_lists(keys):
-            rows = driver.fetch(self.connection, _GET_ROWS, name, in_values=chunk)
-            found.update((key, decode(text)) for key, text in rows)
-        return found
+    def _loaded(self, name: str, keys: Sequence[str], rows: list[driver.Row]) -> None:
+        self._cache.loaded(name, keys, _decoded(rows))
 
     def _stored(self, name: str) -> dict[str, str]:
         return dict(driver.fetch(self.connection, _TABLE_ROWS, name))
@@ -217,6 +222,11 @@ class SqlProjections:
             for name, key, text in upserts:
                 self._cache.flushed(name, key, text)
         self._pending.clear()
+
+
+def _decoded(rows: Iterable[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """Stored (key, JSON text) rows as {key: value}."""
+    return {key: decode(text) for key, text in rows}
 
 
 def load_all(connection: Connection) -> dict[str, dict[str, Any]]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import func, select
@@ -78,17 +79,33 @@ class LogTransaction:
                 version = self.versions[stream_id]
         return version
 
+    def prefetch(self, stream_ids: Sequence[str], rows: Iterable[tuple[str, str]]) -> None:
+        """Read ahead the versions of `stream_ids` and the projection rows `rows` names (see
+        `prefetch_versions`, `SqlProjections.prefetch`): on PostgreSQL in one round trip."""
+        reads = driver.Reads()
+        self._read_versions(reads, stream_ids)
+        self.projections.read_ahead(reads, rows)
+        reads.run(self.connection)
+
     def prefetch_versions(self, stream_ids: Sequence[str]) -> None:
         """Read the versions of streams a batch is about to use in one query, not one each.
 
         Read under the append lock, so each is exact until this transaction appends.
         """
+        reads = driver.Reads()
+        self._read_versions(reads, stream_ids)
+        reads.run(self.connection)
+
+    def _read_versions(self, reads: driver.Reads, stream_ids: Sequence[str]) -> None:
         wanted = [s for s in dict.fromkeys(stream_ids)
                   if s not in self.versions and s not in self.known_versions]
         for chunk in in_lists(wanted):
-            found: dict[str, int] = dict(driver.fetch(self.connection, _MAX_VERSIONS, in_values=chunk))
-            for stream_id in chunk:
-                self.versions[stream_id] = found.get(stream_id) or 0
+            reads.add(_MAX_VERSIONS, in_values=chunk, then=partial(self._versions_read, chunk))
+
+    def _versions_read(self, stream_ids: Sequence[str], rows: list[driver.Row]) -> None:
+        found: dict[str, int] = dict(rows)
+        for stream_id in stream_ids:
+            self.versions.setdefault(stream_id, found.get(stream_id) or 0)
 
     def stored_event_ids(self, event_ids: Sequence[str]) -> set[str]:
         """Which of `event_ids` the log's table holds (this transaction's unflushed rows aside)."""

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound, OperationalError
@@ -100,3 +103,73 @@ def test_a_duplicate_event_id_is_refused_when_the_batch_is_written_and_the_log_i
         assert tx.projections.get("tested", "k") is None
     store.append([StreamAppend("s/2", 0, [event("b", {})])])  # the store goes on
     assert store.head()[0] == head[0] + 1
+
+
+def test_gathered_reads_hand_each_query_its_own_rows_in_order(store: EventStore) -> None:
+    store.append([StreamAppend("s/1", 0, [event("a", {}), event("b", {})]),
+                  StreamAppend("s/2", 0, [event("c", {})])])
+    ids = {s: [e.event_id for e in store.read_stream(s)] for s in ("s/1", "s/2")}
+    got: list[tuple[str, list[tuple[str, ...]]]] = []
+    with store.engine.connect() as conn:
+        reads = driver.Reads()
+        for stream_id in ("s/2", "s/1", "s/none"):
+            reads.add(EVENT_IDS, stream_id, in_values=ids["s/1"] + ids["s/2"],
+                      then=lambda rows, s=stream_id: got.append((s, rows)))
+        reads.run(conn)
+        reads.run(conn)  # run once: nothing is handed out twice
+        expected = [(s, driver.fetch(conn, EVENT_IDS, s, in_values=ids["s/1"] + ids["s/2"]))
+                    for s in ("s/2", "s/1", "s/none")]
+    assert got == expected
+    assert [len(rows) for _, rows in got] == [1, 2, 0]
+
+
+def test_a_failing_gathered_read_is_sqlalchemys_error_and_hands_out_no_rows(
+        store: EventStore) -> None:
+    store.append([StreamAppend("s/1", 0, [event("a", {})])])
+    handed: list[object] = []
+    reads = driver.Reads()
+    reads.add("SELECT event_id FROM events", then=handed.append)
+    reads.add("SELECT no_such_column FROM events", then=handed.append)
+    with pytest.raises(DBAPIError), store.transaction() as tx:
+        reads.run(tx.connection)
+    assert handed in ([], [[(store.read_stream("s/1")[0].event_id,)]])  # SQLite runs one by one
+    assert store.head()[0] == 1  # the transaction rolled back; the store goes on
+    store.append([StreamAppend("s/1", 1, [event("b", {})])])
+    assert store.head()[0] == 2
+
+
+def test_gathered_reads_cost_one_round_trip_on_postgresql(postgres_database: str,
+                                                          tmp_path: Path) -> None:
+    store = open_store(postgres_database)
+    trace = tmp_path / "libpq-trace"
+    try:
+        with store.engine.connect() as conn:
+            driver.fetch(conn, "SELECT 1")  # the transaction has begun: only the reads are counted
+            reads = driver.Reads()
+            rows: list[object] = []
+            for value in range(4):
+                reads.add("SELECT ? + 1", value, then=rows.extend)
+            with _protocol_trace(conn.connection.driver_connection, trace):
+                reads.run(conn)
+        assert rows == [(1,), (2,), (3,), (4,)]
+        assert _round_trips(trace.read_text()) == 1
+    finally:
+        store.engine.dispose()
+
+
+@contextmanager
+def _protocol_trace(driver_connection: Any, path: Path) -> Iterator[None]:
+    """libpq's trace of the messages the connection sends and receives inside the block."""
+    with path.open("w") as file:
+        driver_connection.pgconn.trace(file.fileno())
+        try:
+            yield
+        finally:
+            driver_connection.pgconn.untrace()
+
+
+def _round_trips(trace: str) -> int:
+    """How many times the client sent after having received: one per round trip."""
+    directions = [line.split("\t")[1] for line in trace.splitlines() if "\t" in line]
+    return sum(1 for before, now in zip(["B", *directions], directions, strict=False)
+               if before == "B" and now == "F")

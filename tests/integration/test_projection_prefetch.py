@@ -9,7 +9,9 @@ from sqlalchemy import event
 
 from controlplane.runtime import open_store
 from events import driver
+from events.model import StreamAppend
 from events.store import EventStore
+from tests.factories import event as log_event
 
 
 def test_prefetched_rows_read_as_without_prefetch_and_cost_no_query_each(
@@ -47,3 +49,45 @@ def test_prefetched_rows_read_as_without_prefetch_and_cost_no_query_each(
         store.engine.dispose()
     assert got == [{"n": 1}, {"n": 20}, None]
     assert 1 <= fetched <= 2 and after_gets == 0
+
+
+def test_versions_and_rows_read_ahead_together_answer_as_without_and_need_no_later_query(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    store.append([StreamAppend("s/1", 0, [log_event("a", {}), log_event("b", {})])])
+    with store.transaction() as tx:
+        tx.projections.put("things", "a", {"n": 1})
+    # Another process's view of the database: nothing of it is cached here.
+    store = open_store(store.engine.url.render_as_string(hide_password=False))
+    streams, rows = ["s/1", "s/new", "s/1"], [("things", "a"), ("things", "gone"), ("other", "x")]
+    try:
+        with store.transaction() as tx:
+            plain = ([tx.stream_version(s) for s in streams],
+                     [tx.projections.get(name, key) for name, key in rows])
+        store.engine.dispose()
+        store = open_store(store.engine.url.render_as_string(hide_password=False))
+        statements: list[str] = []
+        run_on_driver = driver._run
+
+        def count_driver(connection: Any, template: str, *args: Any, **kwargs: Any) -> Any:
+            statements.append(template)
+            return run_on_driver(connection, template, *args, **kwargs)
+
+        with store.transaction() as tx:
+            monkeypatch.setattr(driver, "_run", count_driver)
+            monkeypatch.setattr(driver, "_pipelined", _counted(driver._pipelined, statements))
+            tx.prefetch(streams, rows)
+            ahead = len(statements)
+            read = ([tx.stream_version(s) for s in streams],
+                    [tx.projections.get(name, key) for name, key in rows])
+            monkeypatch.undo()
+    finally:
+        store.engine.dispose()
+    assert read == plain == ([2, 0, 2], [{"n": 1}, None, None])
+    assert ahead == 3 and len(statements) == ahead  # one query per projection and for versions
+
+
+def _counted(pipelined: Any, statements: list[str]) -> Any:
+    def count(connection: Any, driver_connection: Any, sent: list[Any]) -> Any:
+        statements.extend(sql for sql, _ in sent)
+        return pipelined(connection, driver_connection, sent)
+    return count
