@@ -27,7 +27,7 @@ from controlplane.runtime import open_store
 from events import driver
 from events.canonical import GENESIS_HASH
 from events.projection_cache import forget
-from events.rows import INSERT_EVENTS, row_values
+from events.rows import COLUMNS, INSERT_EVENTS, row_values
 from events.store import EventStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,10 +212,10 @@ def storage_floor(database_url: str, rows: list[dict[str, Any]], store_label: st
                   decisions: int, repeats: int = FLOOR_REPEATS) -> Measurement:
     """Bulk-insert copies of real stored rows into the emptied events table, in one transaction.
 
-    The insert is the appender's own (the driver's executemany of the row values, prepared
-    before the clock starts). Timed `repeats` times; the median is the floor (one insert of a
-    few tens of thousands of rows varies by half between runs on a shared disk, as the kernel
-    writes back earlier runs' pages).
+    The insert is the appender's own for a large batch (PostgreSQL: the driver's COPY; SQLite:
+    its executemany), of the row values prepared before the clock starts. Timed `repeats`
+    times; the median is the floor (one insert of a few tens of thousands of rows varies by
+    half between runs on a shared disk, as the kernel writes back earlier runs' pages).
     """
     store = open_store(database_url)
     values = [row_values(row) for row in rows]
@@ -224,7 +224,10 @@ def storage_floor(database_url: str, rows: list[dict[str, Any]], store_label: st
         reset_log(store)
         started = time.perf_counter()
         with store.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
-            driver.execute_many(conn, INSERT_EVENTS, values)
+            if driver.can_copy(conn):
+                driver.copy_rows(conn, "events", COLUMNS, values)
+            else:
+                driver.execute_many(conn, INSERT_EVENTS, values)
         timings.append(time.perf_counter() - started)
     reset_log(store)
     store.engine.dispose()

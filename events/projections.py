@@ -29,6 +29,7 @@ _DELETED = object()
 _GET_ROWS = "SELECT key, data FROM projections WHERE name = ? AND key IN ({in})"
 _TABLE_ROWS = "SELECT key, data FROM projections WHERE name = ?"
 _DELETE_ROWS = "DELETE FROM projections WHERE name = ? AND key IN ({in})"
+_COLUMNS = ("name", "key", "data")
 _UPSERT_ROWS = ("INSERT INTO projections (name, key, data) VALUES (?, ?, ?)"
                 " ON CONFLICT (name, key) DO UPDATE SET data = excluded.data")
 
@@ -202,6 +203,16 @@ class SqlProjections:
         if self._shared:
             self._cache.dirty = True
 
+    def copy_pending(self) -> None:
+        """Write a large batch's buffered upserts by COPY (PostgreSQL), ahead of
+        `write_pending`; not inside `driver.pipeline` (COPY cannot be pipelined)."""
+        puts = sum(1 for value in self._pending.values() if value is not _DELETED)
+        if puts < driver.COPY_MIN_ROWS or not driver.can_stage(self.connection):
+            return
+        upserts = self._upserts()
+        driver.copy_upsert(self.connection, "projections", _COLUMNS, "name, key", upserts)
+        self._written(upserts)
+
     def write_pending(self) -> None:
         """Issue the buffered deletes and upserts (inside a pipeline, not yet known to succeed)."""
         if not self._pending:
@@ -210,8 +221,7 @@ class SqlProjections:
         for (name, key), value in self._pending.items():
             if value is _DELETED:
                 deletes.setdefault(name, []).append(key)
-        upserts = [(name, key, canonical_json(value))
-                   for (name, key), value in self._pending.items() if value is not _DELETED]
+        upserts = self._upserts()
         # One statement per projection, not one per row: on PostgreSQL a row-by-row delete (even
         # pipelined) took a sixth of a worker's time.
         for name, keys in deletes.items():
@@ -219,9 +229,18 @@ class SqlProjections:
                 driver.execute(self.connection, _DELETE_ROWS, name, in_values=chunk)
         if upserts:
             driver.execute_many(self.connection, _UPSERT_ROWS, upserts)
-            for name, key, text in upserts:
-                self._cache.flushed(name, key, text)
+        self._written(upserts)
         self._pending.clear()
+
+    def _upserts(self) -> list[tuple[str, str, str]]:
+        return [(name, key, canonical_json(value))
+                for (name, key), value in self._pending.items() if value is not _DELETED]
+
+    def _written(self, upserts: list[tuple[str, str, str]]) -> None:
+        """`upserts` are issued: the cache learns their stored text, and they are not pending."""
+        for name, key, text in upserts:
+            self._cache.flushed(name, key, text)
+            del self._pending[(name, key)]
 
 
 def _decoded(rows: Iterable[tuple[str, str]]) -> dict[str, dict[str, Any]]:

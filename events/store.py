@@ -89,7 +89,8 @@ class EventStore:
                     tx.since_checkpoint = (since, list(hashes))
                 yield tx
                 if tx.has_writes():
-                    with driver.pipeline(conn):  # PostgreSQL: every write in one round trip
+                    tx.copy_bulk()  # a large batch's rows by COPY, which cannot be pipelined
+                    with driver.pipeline(conn):  # PostgreSQL: the other writes in one round trip
                         tx.flush()
                         tx.projections.write_pending()
                 tx.projections.settle(head=(tx.head_position, tx.head_hash))

@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from events import driver
@@ -24,6 +23,7 @@ from events.model import (
 )
 from events.projections import SqlProjections
 from events.rows import (
+    COLUMNS,
     EVENT_COLUMNS_SQL,
     INSERT_EVENTS,
     events_by_command,
@@ -34,12 +34,13 @@ from events.rows import (
     to_recorded,
     with_data,
 )
-from events.tables import events_table
 
 # The append path's statements, run on the driver (`events.driver`).
 UPDATE_HEAD = "UPDATE log_head SET position = ?, hash = ? WHERE id = 1"
 _EVENTS_BY_ID = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE event_id IN ({{in}})"
 _EVENT_IDS = "SELECT event_id FROM events WHERE event_id IN ({in})"
+_LAST_CHECKPOINT = "SELECT max(position) FROM events WHERE stream_id = ?"
+_HASHES_AFTER = "SELECT hash FROM events WHERE position > ? ORDER BY position"
 _MAX_VERSIONS = ("SELECT stream_id, max(stream_version) FROM events WHERE stream_id IN ({in})"
                  " GROUP BY stream_id")
 
@@ -64,6 +65,7 @@ class LogTransaction:
         self.known_versions: Mapping[str, int] = known_versions or {}
         self.versions: dict[str, int] = {}  # read under the lock, or appended, by this transaction
         self._buffer: list[dict[str, Any]] = []
+        self._stored_head = (head_position, head_hash)  # the head the table holds
         # The last checkpoint's position and the hashes appended since, when known (a store
         # remembers them from its own last commit); else read from the log when one is due.
         self.since_checkpoint: tuple[int, list[str]] | None = None
@@ -125,13 +127,27 @@ class LogTransaction:
         """Whether committing would write anything (appended rows or projection changes)."""
         return bool(self._buffer) or self.projections.has_pending()
 
+    def copy_bulk(self) -> None:
+        """Write a large batch's buffered event rows and projection upserts by COPY
+        (PostgreSQL), ahead of `flush` and `SqlProjections.write_pending`.
+
+        Not inside `driver.pipeline`: the store calls it just before the pipeline of its writes.
+        """
+        if len(self._buffer) >= driver.COPY_MIN_ROWS and driver.can_copy(self.connection):
+            driver.copy_rows(self.connection, "events", COLUMNS,
+                             [row_values(row) for row in self._buffer])
+            self._buffer = []
+        self.projections.copy_pending()
+
     def flush(self) -> None:
         """Write the buffered rows and the new head; the transaction calls it before commit."""
-        if not self._buffer:
-            return
-        driver.execute_many(self.connection, INSERT_EVENTS, [row_values(row) for row in self._buffer])
-        driver.execute(self.connection, UPDATE_HEAD, self.head_position, self.head_hash)
-        self._buffer = []
+        if self._buffer:
+            driver.execute_many(self.connection, INSERT_EVENTS,
+                                [row_values(row) for row in self._buffer])
+            self._buffer = []
+        if self._stored_head != (self.head_position, self.head_hash):
+            driver.execute(self.connection, UPDATE_HEAD, self.head_position, self.head_hash)
+            self._stored_head = (self.head_position, self.head_hash)
 
     def append(self, appends: Sequence[StreamAppend],
                check_existing: bool = True) -> list[RecordedEvent]:
@@ -193,11 +209,11 @@ class LogTransaction:
                 self.since_checkpoint[1].extend(row["hash"] for row in rows)
             return None
         if self.since_checkpoint is None:
-            self.flush()
-            since = self._last_checkpoint_position()
-            query = (select(events_table.c.hash).where(events_table.c.position > since)
-                     .order_by(events_table.c.position))
-            earlier = list(self.connection.execute(query).scalars())
+            # The stored hashes since the last checkpoint, then this transaction's buffered ones.
+            ((since,),) = driver.fetch(self.connection, _LAST_CHECKPOINT, CHECKPOINT_STREAM)
+            since = since or 0
+            earlier = [hash_ for (hash_,) in driver.fetch(self.connection, _HASHES_AFTER, since)]
+            earlier += [row["hash"] for row in self._buffer]
         else:
             since, earlier = self.since_checkpoint
         leaves = [*earlier, *(row["hash"] for row in rows)]
@@ -213,11 +229,6 @@ class LogTransaction:
         row["hash"] = chain_hash(row["prev_hash"], header_of(row), row["data"])
         self.since_checkpoint = (last + 1, [])
         return row, decoded
-
-    def _last_checkpoint_position(self) -> int:
-        query = select(func.max(events_table.c.position)).where(
-            events_table.c.stream_id == CHECKPOINT_STREAM)
-        return int(self.connection.execute(query).scalar() or 0)
 
     def _existing(self, appends: Sequence[StreamAppend]) -> list[RecordedEvent] | None:
         wanted = [(b.stream_id, b.expected_version, i, e) for b in appends

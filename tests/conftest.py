@@ -41,7 +41,8 @@ def postgres_database() -> Iterator[str]:
     admin.dispose()
 
 
-def _reset_postgres(url: str) -> None:
+def reset_postgres(url: str) -> None:
+    """Empty the log and projections of the test database at `url`."""
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE events, projections"))
@@ -57,7 +58,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: object,
         url = f"sqlite:///{tmp_path}/fleet.db"
     else:
         url = request.getfixturevalue("postgres_database")
-        _reset_postgres(url)
+        reset_postgres(url)
     monkeypatch.setenv("FLEET_DATABASE_URL", url)
     return url
 

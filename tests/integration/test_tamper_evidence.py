@@ -121,6 +121,27 @@ def test_checkpoints_stay_exact_when_writers_interleave_and_batches_cross_them(
     assert len(checkpoints) >= 5 and report(first).ok
 
 
+@pytest.mark.parametrize("flushed_first", [False, True], ids=["buffered", "partly_written"])
+def test_a_checkpoint_counts_its_transactions_rows_whether_written_or_buffered(
+        store: EventStore, flushed_first: bool) -> None:
+    # A store that does not know the hashes since the last checkpoint (another writer came in
+    # between) reads the stored ones; its transaction's rows before the crossing are still
+    # buffered, or already written (a read of its own events flushes them): they belong in the
+    # Merkle root either way.
+    first, second = (EventStore(store.engine, checkpoint_every=4) for _ in range(2))
+    first.append([StreamAppend("s/a", None, [event("a0", {})])])
+    second.append([StreamAppend("s/b", None, [event("b0", {})])])
+    with first.transaction() as tx:
+        tx.append([StreamAppend("s/c", None, [event("c0", {}, command_id="c")])])  # position 3
+        if flushed_first:
+            assert tx.events_for_commands(["c"])["c"]
+        for index in range(1, 4):  # positions 4 to 6: the checkpoint after position 4
+            tx.append([StreamAppend(f"s/c{index}", None, [event(f"c{index}", {})])])
+    checkpoints = [e for e in first.read_all() if e.event_type == "LogCheckpointed"]
+    assert checkpoints and checkpoints[0].data["from_position"] == 1
+    assert report(first).ok
+
+
 def test_a_rewritten_history_with_a_recomputed_chain_is_caught_by_the_next_checkpoint(
         store: EventStore) -> None:
     """An attacker who edits a row and re-hashes everything after it still fails the root."""
