@@ -172,16 +172,18 @@ class ProjectionCache:
              stored: Stored) -> TableView:
         """The view, built on first use from every row (with their texts, to revalidate later)."""
         self.revalidate(name, stored)
-        views = self.views.setdefault(name, {})
-        if view_id not in views:
+        view = self.views.get(name, {}).get(view_id)
+        if view is None:
             if name not in self.texts and not self.rows.get(name):
                 # Read the texts with the rows, so a later head can be checked against them.
-                texts = self.texts[name] = stored(name)
-                rows = self.rows[name] = {key: decode(text) for key, text in texts.items()}
+                texts = stored(name)
+                rows = {key: decode(text) for key, text in texts.items()}
+                self.texts[name], self.rows[name] = texts, rows
                 self.size += len(rows)
                 self.complete.add(name)
-            views[view_id] = build()
-        return views[view_id]
+            # Registered once built: a read or build that fails leaves no half-made view.
+            view = self.views.setdefault(name, {})[view_id] = build()
+        return view
 
 
 _CACHES: WeakKeyDictionary[Engine, ProjectionCache] = WeakKeyDictionary()

@@ -129,14 +129,16 @@ class SqlProjections:
     from before another process's append.
     """
 
-    def __init__(self, connection: Connection, head: tuple[int, str] | None = None) -> None:
-        """`head`: the log head (position, hash) the transaction read under the append lock,
-        when the caller has it (else it is read again here)."""
+    def __init__(self, connection: Connection, head: tuple[int, str] | None = None,
+                 shared: bool = False) -> None:
+        """`shared`: use the process's shared cache; only the one `LogTransaction` of a write
+        transaction holding the append lock may, passing the log `head` (position, hash) it
+        read under the lock. Any other (a reader, or a second one on a writer's connection) has
+        a cache of its own, so it can never rewind the shared one mid-transaction."""
         self.connection = connection
         self._pending: dict[tuple[str, str], Any] = {}
-        self._shared = bool(connection.get_execution_options().get("fleet_write", False))
-        self._cache = (cache_for(connection, head) if self._shared
-                       else ProjectionCache())
+        self._shared = shared
+        self._cache = cache_for(connection, head) if shared else ProjectionCache()
 
     def get(self, name: str, key: str) -> dict[str, Any] | None:
         value = self._cache.row(name, key, self._load, self._stored)

@@ -68,7 +68,9 @@ class EventStore:
         lock taken now; on SQLite, where a reader cannot become the writer, its read transaction
         is ended first). Reads made before the lock may be stale: what the lock protects is read
         again under it. A transaction that fails leaves the shared projection cache untrusted
-        until it is revalidated against the stored rows.
+        until it is revalidated against the stored rows. Projection rows may change only in a
+        transaction that also appends (as folding and `rebuild_live` do): other processes know
+        their cached rows are current by the head, which only an append moves.
         """
         asked = time.perf_counter()
         locked: float | None = None

@@ -61,7 +61,7 @@ class LogTransaction:
         self.checkpoint_every = checkpoint_every
         self.head_position = head_position
         self.head_hash = head_hash
-        self.projections = SqlProjections(connection, head=(head_position, head_hash))
+        self.projections = SqlProjections(connection, head=(head_position, head_hash), shared=True)
         self.known_versions: Mapping[str, int] = known_versions or {}
         self.versions: dict[str, int] = {}  # read under the lock, or appended, by this transaction
         self._buffer: list[dict[str, Any]] = []
@@ -168,8 +168,11 @@ class LogTransaction:
         decoded: list[Any] = []
         recorded_at = datetime.now(UTC).isoformat(timespec="microseconds")
         position, prev_hash = self.head_position, self.head_hash
+        versions: dict[str, int] = {}  # kept only if the whole call succeeds
         for batch in appends:
-            version = self.stream_version(batch.stream_id)
+            version = versions.get(batch.stream_id)
+            if version is None:
+                version = self.stream_version(batch.stream_id)
             if batch.expected_version is not None and batch.expected_version != version:
                 raise ConcurrencyConflict(batch.stream_id, batch.expected_version, version)
             for new in batch.events:
@@ -180,7 +183,7 @@ class LogTransaction:
                 row["hash"] = prev_hash = chain_hash(prev_hash, header_of(row), row["data"])
                 rows.append(row)
                 decoded.append(data)
-            self.versions[batch.stream_id] = version
+            versions[batch.stream_id] = version
         if not rows:
             return []
         if self.checkpoint_every:
@@ -189,6 +192,7 @@ class LogTransaction:
                 rows.append(checkpoint[0])
                 decoded.append(checkpoint[1])
                 position, prev_hash = checkpoint[0]["position"], checkpoint[0]["hash"]
+        self.versions.update(versions)
         self._buffer.extend(rows)
         self.head_position, self.head_hash = position, prev_hash
         recorded = [with_data(row, data) for row, data in zip(rows, decoded, strict=True)]

@@ -150,3 +150,16 @@ def test_the_database_refuses_a_duplicate_stream_version(store: EventStore) -> N
             "VALUES (99, 's/1', 1, 'other-id', 'T', 1, '{}', 'a', 't', 'x', 'x', 'h', 'h')"))
         conn.commit()
     assert "unique" in str(raised.value).lower()
+
+
+def test_a_refused_append_caught_inside_the_transaction_changes_no_stream_version(
+        store: EventStore) -> None:
+    store.append([StreamAppend("s/2", 0, [event("b", {})])])
+    with store.transaction() as tx:
+        with pytest.raises(ConcurrencyConflict):
+            tx.append([StreamAppend("s/1", 0, [event("a", {})]), StreamAppend("s/2", 5, [])])
+        assert tx.stream_version("s/1") == 0  # the refused call appended nothing to it
+        tx.append([StreamAppend("s/1", 0, [event("a2", {})])])
+    assert [e.stream_version for e in store.read_stream("s/1")] == [1]
+    store.append([StreamAppend("s/1", 1, [event("a3", {})])])  # the store remembers version 1
+    assert [e.stream_version for e in store.read_stream("s/1")] == [1, 2]

@@ -23,8 +23,8 @@ from controlplane.runtime import open_store, store_for_process
 from controlplane.service import accept, decide
 from controlplane.state.fleet import NODE, PLACEMENT_REFUSED, REPLICA, REPLICA_PLACED
 from controlplane.state.fold import apply_event
-from controlplane.state.gpu_index import GpuIndex, gpu_index
-from events.projections import MemoryProjections, drop_all, load_all
+from controlplane.state.gpu_index import GPU_ID_SEPARATOR, GpuIndex, gpu_index
+from events.projections import MemoryProjections, SqlProjections, drop_all, load_all
 from events.store import EventStore
 from events.tables import HEAD
 from events.transaction import LogTransaction
@@ -216,3 +216,46 @@ def test_views_kept_across_other_appends_equal_views_built_from_the_stored_rows(
     holds = gpu_holds(deciding.read_all())
     assert set(holds.values()) == {1} and sum(holds.values()) == 4
     assert_replay_exact(deciding)
+
+
+def test_a_view_whose_first_build_fails_leaves_the_cache_usable(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    run(store, register_node("n1", gpus=2), register_node("n2", gpus=2))
+    fresh = open_store(store.engine.url.render_as_string(hide_password=False))  # nothing cached
+    stored = SqlProjections._stored
+    calls = Counter[str]()
+
+    def fails_once(self: SqlProjections, name: str) -> dict[str, str]:
+        calls[name] += 1
+        if calls[name] == 1:
+            raise RuntimeError("the read of every row failed")
+        return stored(self, name)
+
+    monkeypatch.setattr(SqlProjections, "_stored", fails_once)
+    try:
+        with pytest.raises(RuntimeError, match="every row"), fresh.transaction() as tx:
+            gpu_index(tx.projections, 0.9)
+        with fresh.transaction() as tx:  # the next transaction builds it, and it is whole
+            index = gpu_index(tx.projections, 0.9)
+            rebuilt = MemoryProjections()
+            for key, value in tx.projections.items(NODE):
+                rebuilt.put(NODE, key, value)
+            fresh_index = gpu_index(rebuilt, 0.9)
+            for node in ("n1", "n2"):
+                prefix = node + GPU_ID_SEPARATOR
+                assert index.available_on(prefix) == fresh_index.available_on(prefix)
+                assert len(index.available_on(prefix)) == 2
+    finally:
+        fresh.engine.dispose()
+
+
+def test_another_reader_on_a_writers_connection_never_rewinds_the_writers_rows(
+        store: EventStore) -> None:
+    with store.transaction() as tx:
+        tx.projections.put("things", "k", {"v": 1})
+    with store.transaction() as tx:
+        tx.projections.put("things", "k", {"v": 2})
+        assert SqlProjections(tx.connection).get("things", "k") == {"v": 1}  # what is stored
+        assert tx.projections.get("things", "k") == {"v": 2}  # the transaction's own write
+    with store.transaction() as tx:
+        assert tx.projections.get("things", "k") == {"v": 2}
