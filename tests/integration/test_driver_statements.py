@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound, OperationalError
 
 from controlplane.runtime import open_store
@@ -197,3 +199,44 @@ def _round_trips(trace: str) -> int:
     return sum(1 for before, now in zip(["B", *directions], directions, strict=False)
                if before == "B" and now == "F")
 
+
+
+def test_a_connection_lost_under_a_driver_statement_is_invalidated_and_the_store_goes_on(
+        postgres_database: str) -> None:
+    reset_postgres(postgres_database)
+    store = open_store(postgres_database)
+    admin = create_engine(postgres_database, isolation_level="AUTOCOMMIT")
+    try:
+        with store.engine.connect() as conn:
+            ((pid,),) = driver.fetch(conn, "SELECT pg_backend_pid()")
+            with admin.connect() as killer:
+                killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            with pytest.raises(DBAPIError) as lost:
+                driver.fetch(conn, "SELECT 1")
+            assert lost.value.connection_invalidated and conn.invalidated
+        store.append([StreamAppend("s/1", 0, [event("a", {})])])  # a fresh connection
+        assert store.head()[0] == 1
+    finally:
+        admin.dispose()
+        store.engine.dispose()
+
+
+def test_postgresql_transactions_read_committed_whatever_the_servers_default(
+        postgres_database: str) -> None:
+    admin = create_engine(postgres_database, isolation_level="AUTOCOMMIT")
+    database = make_url(postgres_database).database
+    with admin.connect() as conn:
+        conn.execute(text(f'ALTER DATABASE "{database}" SET default_transaction_isolation'
+                          " = 'serializable'"))
+    store = open_store(postgres_database)
+    try:
+        with store.engine.connect() as conn:
+            assert driver.fetch(conn, "SHOW default_transaction_isolation") == [("serializable",)]
+            assert driver.fetch(conn, "SHOW transaction_isolation") == [("read committed",)]
+        with store.transaction() as tx:
+            assert driver.fetch(tx.connection, "SHOW transaction_isolation") == [("read committed",)]
+    finally:
+        store.engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{database}" RESET default_transaction_isolation'))
+        admin.dispose()
