@@ -69,8 +69,9 @@ class EventStore:
         is ended first). Reads made before the lock may be stale: what the lock protects is read
         again under it. A transaction that fails leaves the shared projection cache untrusted
         until it is revalidated against the stored rows. Projection rows may change only in a
-        transaction that also appends (as folding and `rebuild_live` do): other processes know
-        their cached rows are current by the head, which only an append moves.
+        transaction that also appends (as folding and `rebuild_live` do; one that does not is
+        refused with ValueError and rolled back): other processes know their cached rows are
+        current by the head, which only an append moves.
         """
         asked = time.perf_counter()
         locked: float | None = None
@@ -90,6 +91,10 @@ class EventStore:
                     since, hashes = self._known_since_checkpoint
                     tx.since_checkpoint = (since, list(hashes))
                 yield tx
+                if tx.projections.has_pending() and not tx.appended:
+                    raise ValueError(
+                        "projection rows changed without an event appended in the same"
+                        " transaction: other processes would keep their cached rows")
                 if tx.has_writes():
                     tx.copy_bulk()  # a large batch's rows by COPY, which cannot be pipelined
                     with driver.pipeline(conn):  # PostgreSQL: the other writes in one round trip

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from events.model import NewEvent, derived_event_id
+from events.model import NewEvent, StreamAppend, derived_event_id
 
 
 def assess_memory(command_id: str, *, parameters: int = 8_000_000_000, layers: int = 32,
@@ -32,6 +33,14 @@ def event(slot: str, data: dict[str, Any] | None = None, command_id: str = "cmd"
     return NewEvent(event_id=derived_event_id(command_id, slot), event_type="Tested",
                     data=data if data is not None else {"slot": slot},
                     occurred_at="2026-11-30T12:00:00Z", command_id=command_id)
+
+
+def append_marker(tx: Any) -> None:
+    """Append an event of its own to the transaction `tx`: projection rows a test writes by
+    hand must move the log head with them, as every real change does."""
+    marker = NewEvent(event_id=str(uuid.uuid4()), event_type="Tested", data={},
+                      occurred_at="2026-11-30T12:00:00Z", command_id="marker")
+    tx.append([StreamAppend("test/markers", None, [marker])])
 
 
 def register_node(node_id: str, gpus: int = 4, memory_gib: float = 80.0, rack: str = "rack-0",

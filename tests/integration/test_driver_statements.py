@@ -20,7 +20,7 @@ from events.model import StreamAppend
 from events.store import EventStore
 from events.tables import log_head_table
 from tests.conftest import reset_postgres
-from tests.factories import event
+from tests.factories import append_marker, event
 
 EVENT_IDS = "SELECT event_id FROM events WHERE stream_id = ? AND event_id IN ({in}) ORDER BY event_id"
 
@@ -168,6 +168,7 @@ def test_a_transactions_read_ahead_costs_one_round_trip_on_postgresql(
     try:
         store.append([StreamAppend("s/1", 0, [event("a", {})])])
         with store.transaction() as tx:
+            append_marker(tx)
             tx.projections.put("things", "a", {"n": 1})
         other = open_store(postgres_database)  # another process's view: nothing of it cached
         try:

@@ -28,8 +28,8 @@ from events.projections import MemoryProjections, SqlProjections, drop_all, load
 from events.store import EventStore
 from events.tables import HEAD
 from events.transaction import LogTransaction
+from tests.factories import append_marker, register_model, register_node
 from tests.factories import place_replica as place
-from tests.factories import register_model, register_node
 from tests.fleet_helpers import assert_replay_exact, run
 
 pytestmark = pytest.mark.usefixtures("embedded_queue")
@@ -71,6 +71,7 @@ def test_a_transaction_that_fails_after_writing_leaves_nothing_behind_in_the_cac
 
 def test_after_the_projections_are_dropped_no_row_from_before_is_read(store: EventStore) -> None:
     with store.transaction() as tx:
+        append_marker(tx)
         tx.projections.put("scratch", "k", {"value": 1})
     with store.transaction() as tx:
         assert tx.projections.get("scratch", "k") == {"value": 1}  # cached by now
@@ -252,10 +253,28 @@ def test_a_view_whose_first_build_fails_leaves_the_cache_usable(
 def test_another_reader_on_a_writers_connection_never_rewinds_the_writers_rows(
         store: EventStore) -> None:
     with store.transaction() as tx:
+        append_marker(tx)
         tx.projections.put("things", "k", {"v": 1})
     with store.transaction() as tx:
+        append_marker(tx)
         tx.projections.put("things", "k", {"v": 2})
         assert SqlProjections(tx.connection).get("things", "k") == {"v": 1}  # what is stored
         assert tx.projections.get("things", "k") == {"v": 2}  # the transaction's own write
     with store.transaction() as tx:
         assert tx.projections.get("things", "k") == {"v": 2}
+
+
+def test_projection_rows_changed_without_an_event_are_refused_and_nothing_is_written(
+        store: EventStore) -> None:
+    # Other processes trust their cached rows while the log head stays where it was; a change
+    # of rows that does not move it would never reach them.
+    with pytest.raises(ValueError, match="without an event"), store.transaction() as tx:
+        tx.projections.put("things", "k", {"v": 1})
+    with store.engine.connect() as conn:
+        assert load_all(conn) == {}
+    with store.transaction() as tx:
+        assert tx.projections.get("things", "k") is None
+        tx.projections.put("things", "k", {"v": 1})
+        append_marker(tx)
+    with store.engine.connect() as conn:
+        assert load_all(conn) == {"things": {"k": {"v": 1}}}

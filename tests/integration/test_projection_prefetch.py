@@ -11,12 +11,14 @@ from controlplane.runtime import open_store
 from events import driver
 from events.model import StreamAppend
 from events.store import EventStore
+from tests.factories import append_marker
 from tests.factories import event as log_event
 
 
 def test_prefetched_rows_read_as_without_prefetch_and_cost_no_query_each(
         store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
     with store.transaction() as tx:
+        append_marker(tx)
         tx.projections.put("things", "a", {"n": 1})
         tx.projections.put("things", "b", {"n": 2})
     # Another process's view of the database: nothing of it is cached here.
@@ -44,6 +46,7 @@ def test_prefetched_rows_read_as_without_prefetch_and_cost_no_query_each(
             fetched = len(statements) - before
             got = [tx.projections.get(name, key) for name, key in wanted]
             after_gets = len(statements) - before - fetched
+            append_marker(tx)
     finally:
         event.remove(store.engine, "before_cursor_execute", count)
         store.engine.dispose()
@@ -55,6 +58,7 @@ def test_versions_and_rows_read_ahead_together_answer_as_without_and_need_no_lat
         store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
     store.append([StreamAppend("s/1", 0, [log_event("a", {}), log_event("b", {})])])
     with store.transaction() as tx:
+        append_marker(tx)
         tx.projections.put("things", "a", {"n": 1})
     # Another process's view of the database: nothing of it is cached here.
     store = open_store(store.engine.url.render_as_string(hide_password=False))

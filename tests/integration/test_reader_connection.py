@@ -22,7 +22,7 @@ from controlplane.workloads import inventory, model, placement
 from events.model import ConcurrencyConflict, StreamAppend
 from events.projections import SqlProjections
 from events.store import EventStore
-from tests.factories import event
+from tests.factories import append_marker, event
 from tests.fleet_helpers import assert_replay_exact, decision
 
 
@@ -97,6 +97,7 @@ def test_a_transaction_that_fails_after_settling_the_cache_leaves_no_rolled_back
 
     monkeypatch.setattr(SqlProjections, "settle", settle_then_fail)
     with pytest.raises(OperationalError), store.transaction() as tx:
+        append_marker(tx)
         tx.projections.put("tested", "k", {"v": 1})
     monkeypatch.setattr(SqlProjections, "settle", settle)
     with store.transaction() as tx:
