@@ -31,7 +31,9 @@ from events.tables import HEAD
 if TYPE_CHECKING:
     from events.projections import TableView
 
-# A long-lived process keeps at most this many decoded rows; beyond it, rows are read again.
+# Past this many decoded rows a long-lived process forgets, at its next transaction, every row
+# of the projections without views (read again when needed). A projection with views keeps
+# all its rows: its views are built from them and revalidated against them.
 MAX_CACHED_ROWS = 50_000
 
 Row = dict[str, Any]
