@@ -9,6 +9,7 @@ table is made of. The numbers themselves are not asserted: at this size they mea
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,15 @@ def test_placement_log_bench_reserves_each_gpu_once_and_replays_equal(tmp_path: 
         assert result["drifts"] == 0 and result["rebuild_equals_live"]
         assert result["gpus_reserved"] > 0 and result["single_median_ms"] > 0
     assert any("one at a time" in figure["figure"] for figure in figures)
+
+
+def test_bulk_write_bench_stores_every_row_both_ways_on_postgresql(tmp_path: Path) -> None:
+    report, figures = run_bench("bulk_write_bench.py", "--commands", "150", "--repeats", "1",
+                                tmp_path=tmp_path)
+    assert report["event_rows"] > 150 and report["projection_rows"] > 0
+    if not os.environ.get("FLEET_TEST_DATABASE_URL"):
+        assert "skipped" in report or "results" in report
+        return
+    assert set(report["results"]) == {"pipelined", "copied"}  # each checked its rows stored
+    assert all(result["wall_ms"] > 0 for result in report["results"].values())
+    assert len(figures) == 2 and all(figure["reference"] for figure in figures)
