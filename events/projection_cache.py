@@ -63,8 +63,10 @@ class ProjectionCache:
         self.size = 0
 
     def _keep_only_viewed(self, stale: bool) -> None:
-        """Forget every row but those of projections with views (revalidated first if `stale`)."""
+        """Forget every row but those of projections with views (revalidated first if `stale`),
+        and the stored texts of any other (left by a view whose build failed)."""
         self.rows = {name: self.rows[name] for name in self.views}
+        self.texts = {name: texts for name, texts in self.texts.items() if name in self.views}
         self.complete = set(self.views)
         self.size = sum(len(rows) for rows in self.rows.values())
         if stale:

@@ -54,14 +54,18 @@ class LogTransaction:
     """
 
     def __init__(self, connection: Connection, head_position: int, head_hash: str,
-                 checkpoint_every: int = 0, known_versions: Mapping[str, int] | None = None) -> None:
+                 checkpoint_every: int = 0, known_versions: Mapping[str, int] | None = None,
+                 holds_lock: bool = True) -> None:
         """`known_versions`: stream versions exact at this head (a store's from its last commit),
-        read here but never changed: this transaction's own go in `versions`."""
+        read here but never changed: this transaction's own go in `versions`. `holds_lock`:
+        False for a snapshot without the append lock (rolled back), whose projections must
+        keep a cache of their own instead of the process's shared one."""
         self.connection = connection
         self.checkpoint_every = checkpoint_every
         self.head_position = head_position
         self.head_hash = head_hash
-        self.projections = SqlProjections(connection, head=(head_position, head_hash), shared=True)
+        self.projections = SqlProjections(connection, head=(head_position, head_hash),
+                                          shared=holds_lock)
         self.known_versions: Mapping[str, int] = known_versions or {}
         self.versions: dict[str, int] = {}  # read under the lock, or appended, by this transaction
         self._buffer: list[dict[str, Any]] = []
@@ -187,7 +191,7 @@ class LogTransaction:
         if not rows:
             return []
         if self.checkpoint_every:
-            checkpoint = self._checkpoint_row(rows, recorded_at)
+            checkpoint = self._checkpoint_row(rows, recorded_at, versions)
             if checkpoint is not None:
                 rows.append(checkpoint[0])
                 decoded.append(checkpoint[1])
@@ -199,12 +203,13 @@ class LogTransaction:
         self.appended.extend(recorded)
         return recorded
 
-    def _checkpoint_row(self, rows: list[dict[str, Any]],
-                        recorded_at: str) -> tuple[dict[str, Any], Any] | None:
+    def _checkpoint_row(self, rows: list[dict[str, Any]], recorded_at: str,
+                        versions: dict[str, int]) -> tuple[dict[str, Any], Any] | None:
         """A checkpoint after this batch when it crosses a multiple of `checkpoint_every`.
 
         It carries the log size and the Merkle root of every event hash since the previous
-        checkpoint, and is chained like any event, so forging one breaks the chain.
+        checkpoint, and is chained like any event, so forging one breaks the chain. Its stream
+        version goes in `versions`, the calling append's own, kept only if the call succeeds.
         """
         first, last = rows[0]["position"], rows[-1]["position"]
         every = self.checkpoint_every
@@ -223,8 +228,8 @@ class LogTransaction:
         leaves = [*earlier, *(row["hash"] for row in rows)]
         data = {"log_size": last, "from_position": since + 1, "to_position": last,
                 "merkle_root": merkle_root(leaves)}
-        version = self.stream_version(CHECKPOINT_STREAM) + 1
-        self.versions[CHECKPOINT_STREAM] = version
+        version = versions.get(CHECKPOINT_STREAM) or self.stream_version(CHECKPOINT_STREAM)
+        version = versions[CHECKPOINT_STREAM] = version + 1
         new = NewEvent(event_id=derived_event_id("checkpoint", str(last)),
                        event_type=CHECKPOINT_EVENT, data=data, occurred_at=rows[-1]["occurred_at"],
                        actor="log", tenant="system")

@@ -229,15 +229,17 @@ def test_postgresql_transactions_read_committed_whatever_the_servers_default(
     with admin.connect() as conn:
         conn.execute(text(f'ALTER DATABASE "{database}" SET default_transaction_isolation'
                           " = 'serializable'"))
-    store = open_store(postgres_database)
+    store = None
     try:
+        store = open_store(postgres_database)
         with store.engine.connect() as conn:
             assert driver.fetch(conn, "SHOW default_transaction_isolation") == [("serializable",)]
             assert driver.fetch(conn, "SHOW transaction_isolation") == [("read committed",)]
         with store.transaction() as tx:
             assert driver.fetch(tx.connection, "SHOW transaction_isolation") == [("read committed",)]
     finally:
-        store.engine.dispose()
+        if store is not None:
+            store.engine.dispose()
         with admin.connect() as conn:
             conn.execute(text(f'ALTER DATABASE "{database}" RESET default_transaction_isolation'))
         admin.dispose()

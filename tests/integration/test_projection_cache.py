@@ -156,7 +156,7 @@ def read_only(store: EventStore) -> Iterator[LogTransaction]:
     cache of their own."""
     with store.engine.connect() as conn, conn.begin() as transaction:
         position, head_hash = conn.execute(HEAD).one()
-        yield LogTransaction(conn, position, head_hash)
+        yield LogTransaction(conn, position, head_hash, holds_lock=False)
         transaction.rollback()
 
 
@@ -278,3 +278,44 @@ def test_projection_rows_changed_without_an_event_are_refused_and_nothing_is_wri
         append_marker(tx)
     with store.engine.connect() as conn:
         assert load_all(conn) == {"things": {"k": {"v": 1}}}
+
+
+class _Rows:
+    """A table view that keeps a copy of every row: what the cache told it, and nothing else."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, Any]] = {}
+
+    def apply(self, key: str, value: dict[str, Any] | None) -> None:
+        if value is None:
+            self.rows.pop(key, None)
+        else:
+            self.rows[key] = dict(value)
+
+
+def test_a_view_whose_build_fails_leaves_no_stale_rows_behind(store: EventStore) -> None:
+    url = store.engine.url.render_as_string(hide_password=False)
+    here, other = open_store(url), open_store(url)  # two processes' caches
+
+    def put(value: int) -> None:
+        with other.transaction() as tx:
+            tx.projections.put("things", "k", {"v": value})
+            append_marker(tx)
+
+    def failing() -> _Rows:
+        raise RuntimeError("the view could not be built")
+
+    try:
+        put(1)
+        with pytest.raises(RuntimeError, match="could not be built"), here.transaction() as tx:
+            tx.projections.view("things", "rows", failing)
+        put(2)
+        with here.transaction() as tx:
+            assert tx.projections.view("things", "rows", _Rows).rows == {"k": {"v": 2}}
+        put(1)  # back to the text the failed build had read
+        with here.transaction() as tx:
+            assert tx.projections.get("things", "k") == {"v": 1}
+            assert tx.projections.view("things", "rows", _Rows).rows == {"k": {"v": 1}}
+    finally:
+        here.engine.dispose()
+        other.engine.dispose()
