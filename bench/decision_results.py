@@ -11,6 +11,9 @@ EMBEDDED = "sqlite+fakeredis"
 SQLITE_REDIS = "sqlite+redis"
 POSTGRES_REDIS = "postgres+redis"
 SEED = 20251130
+# More workers count as growth only past this ratio: two runs of the same code on this shared
+# machine differ by 5-15% (4 vs 2 PostgreSQL workers measured 1.02, 1.02 and 0.86 one evening).
+GROWTH = 1.05
 
 
 class Results:
@@ -64,8 +67,8 @@ class Results:
             ("batched >= 50x naive on every store", min(naive_ratios) >= 50 if naive_ratios else None),
             ("batched >= 0.25 of the SQLite floor (best run)",
              max(sqlite_floor) >= 0.25 if sqlite_floor else None),
-            ("PostgreSQL throughput grows with worker processes (1 < 2 < 4)",
-             all(a < b for a, b in zip(postgres, postgres[1:], strict=False))
+            (f"PostgreSQL throughput grows with worker processes (each step >= {GROWTH}x)",
+             all(b >= GROWTH * a for a, b in zip(postgres, postgres[1:], strict=False))
              if len(postgres) > 1 else None),
         ]
 
@@ -94,8 +97,8 @@ class Results:
         for fewer, more in zip(postgres, postgres[1:], strict=False):
             figures.append(Figure(f"decisions/s, postgres+redis, {more.workers} vs {fewer.workers} "
                                   "workers", more.per_second, fewer.per_second, "decisions/s",
-                                  f"{fewer.workers} worker(s), same run", "> 1 (grows)",
-                                  more.per_second > fewer.per_second))
+                                  f"{fewer.workers} worker(s), same run", f">= {GROWTH}",
+                                  more.per_second >= GROWTH * fewer.per_second))
         return figures
 
     def as_json(self, commands: int, naive_commands: int, batch_size: int) -> dict[str, Any]:
