@@ -51,13 +51,10 @@ from controlplane.runtime import open_store  # noqa: E402
 from controlplane.service import accept, decide  # noqa: E402
 from events import driver  # noqa: E402
 from events.canonical import canonical_json  # noqa: E402
-from events.projections import load_all  # noqa: E402
+from events.projections import PROJECTION_COLUMNS, UPSERT_ROWS, load_all  # noqa: E402
 from events.rows import COLUMNS, INSERT_EVENTS, row_values  # noqa: E402
 
 SEED = 20251130
-PROJECTION_COLUMNS = ("name", "key", "data")
-UPSERT = ("INSERT INTO projections (name, key, data) VALUES (?, ?, ?)"
-          " ON CONFLICT (name, key) DO UPDATE SET data = excluded.data")
 Rows = list[tuple[Any, ...]]
 
 
@@ -84,7 +81,7 @@ def batch_rows(commands: int) -> tuple[Rows, Rows]:
 def pipelined(conn: Connection, events: Rows, projections: Rows) -> None:
     with driver.pipeline(conn):
         driver.execute_many(conn, INSERT_EVENTS, events)
-        driver.execute_many(conn, UPSERT, projections)
+        driver.execute_many(conn, UPSERT_ROWS, projections)
 
 
 def copied(conn: Connection, events: Rows, projections: Rows) -> None:
@@ -108,7 +105,7 @@ def run(url: str, events: Rows, projections: Rows, repeats: int) -> dict[str, An
             for way, write in WAYS.items():
                 reset_log(store)
                 with store.engine.begin() as conn:  # half the rows are there: updated, not new
-                    driver.execute_many(conn, UPSERT, projections[::2])
+                    driver.execute_many(conn, UPSERT_ROWS, projections[::2])
                 with store.engine.begin() as conn:
                     wall, cpu = time.perf_counter(), time.process_time()
                     write(conn, events, projections)

@@ -63,14 +63,19 @@ def begin(connection: Connection, statement: str) -> None:
         connection.connection.driver_connection.execute(statement)  # type: ignore[union-attr]
 
 
+def _begun(connection: Connection) -> Any:
+    """The driver's connection, in the transaction a SQLAlchemy statement would autobegin."""
+    if not connection.in_transaction():
+        connection.begin()
+    return connection.connection.driver_connection
+
+
 def _run(connection: Connection, template: str, parameters: Sequence[Any], in_count: int,
          mode: str) -> Any:
     """Run the statement: `mode` "rows" returns its rows, "none" nothing, "many" runs it once per
     row of `parameters` (inside `pipeline`, "none" and "many" do not wait for the server)."""
     sql = _text(template, in_count, connection.dialect.paramstyle)
-    if not connection.in_transaction():
-        connection.begin()  # as a SQLAlchemy statement would autobegin
-    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    cursor = _begun(connection).cursor()
     try:
         with _as_sqlalchemy_errors(connection, sql, parameters, cursor):
             if mode == "many":
@@ -89,8 +94,8 @@ def _psycopg_pipelines() -> bool:
     return bool(Pipeline.is_supported())
 
 
-def _pipelines(driver_connection: Any) -> bool:
-    return hasattr(driver_connection, "pipeline") and _psycopg_pipelines()
+def _pipelines(connection: Connection) -> bool:
+    return hasattr(connection.connection.driver_connection, "pipeline") and _psycopg_pipelines()
 
 
 @contextmanager
@@ -102,14 +107,11 @@ def pipeline(connection: Connection) -> Iterator[None]:
     (or at a `fetch` inside it, named after that fetch's statement); the transaction has then
     failed, as after any error. On SQLite, which has no round trips, each runs as it is issued.
     """
-    driver_connection = connection.connection.driver_connection
-    if not _pipelines(driver_connection):
+    if not _pipelines(connection):
         yield
         return
-    start = driver_connection.pipeline  # type: ignore[union-attr]
-    if not connection.in_transaction():
-        connection.begin()
-    with _as_sqlalchemy_errors(connection, "(pipelined statements)", ()), start():
+    with _as_sqlalchemy_errors(connection, "(pipelined statements)", ()), \
+            _begun(connection).pipeline():
         yield
 
 
@@ -148,9 +150,7 @@ def copy_rows(connection: Connection, table: str, columns: Sequence[str],
     and not inside `pipeline`: COPY cannot be pipelined.
     """
     sql = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
-    if not connection.in_transaction():
-        connection.begin()
-    cursor = connection.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    cursor = _begun(connection).cursor()
     try:
         with _as_sqlalchemy_errors(connection, sql, (), cursor), cursor.copy(sql) as copy:
             for row in rows:
@@ -224,23 +224,21 @@ class Reads:
     def run(self, connection: Connection) -> None:
         """Run every query gathered (then forget them), in order, and hand each its rows."""
         queries, self._queries = self._queries, []
-        driver_connection = connection.connection.driver_connection
-        if len(queries) < 2 or not _pipelines(driver_connection):
+        if len(queries) < 2 or not _pipelines(connection):
             results = [_run(connection, template, parameters, in_count, "rows")
                        for template, parameters, in_count, _ in queries]
         else:
-            results = _pipelined(connection, driver_connection,
+            results = _pipelined(connection,
                                  [(_text(template, in_count, connection.dialect.paramstyle),
                                    parameters) for template, parameters, in_count, _ in queries])
         for (*_, then), rows in zip(queries, results, strict=True):
             then(rows)
 
 
-def _pipelined(connection: Connection, driver_connection: Any,
+def _pipelined(connection: Connection,
                statements: list[tuple[str, list[Any]]]) -> list[list[Row]]:
     """The rows of each statement, all sent before any result is read: one round trip."""
-    if not connection.in_transaction():
-        connection.begin()
+    driver_connection = _begun(connection)
     cursors = []
     try:
         with _as_sqlalchemy_errors(connection, "(pipelined queries)", ()):

@@ -29,8 +29,9 @@ _DELETED = object()
 _GET_ROWS = "SELECT key, data FROM projections WHERE name = ? AND key IN ({in})"
 _TABLE_ROWS = "SELECT key, data FROM projections WHERE name = ?"
 _DELETE_ROWS = "DELETE FROM projections WHERE name = ? AND key IN ({in})"
-_COLUMNS = ("name", "key", "data")
-_UPSERT_ROWS = ("INSERT INTO projections (name, key, data) VALUES (?, ?, ?)"
+# The row writes, also used by the benchmark that times them (`bench/bulk_write_bench.py`).
+PROJECTION_COLUMNS = ("name", "key", "data")
+UPSERT_ROWS = ("INSERT INTO projections (name, key, data) VALUES (?, ?, ?)"
                 " ON CONFLICT (name, key) DO UPDATE SET data = excluded.data")
 
 
@@ -212,7 +213,7 @@ class SqlProjections:
         if puts < driver.COPY_MIN_ROWS or not driver.can_stage(self.connection):
             return
         upserts = self._upserts()
-        driver.copy_upsert(self.connection, "projections", _COLUMNS, "name, key", upserts)
+        driver.copy_upsert(self.connection, "projections", PROJECTION_COLUMNS, "name, key", upserts)
         self._written(upserts)
 
     def write_pending(self) -> None:
@@ -230,7 +231,7 @@ class SqlProjections:
             for chunk in in_lists(keys):
                 driver.execute(self.connection, _DELETE_ROWS, name, in_values=chunk)
         if upserts:
-            driver.execute_many(self.connection, _UPSERT_ROWS, upserts)
+            driver.execute_many(self.connection, UPSERT_ROWS, upserts)
         self._written(upserts)
         self._pending.clear()
 

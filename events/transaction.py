@@ -81,25 +81,17 @@ class LogTransaction:
         if version is None:
             version = self.known_versions.get(stream_id)
             if version is None:
-                self.prefetch_versions([stream_id])
+                self.prefetch([stream_id], ())
                 version = self.versions[stream_id]
         return version
 
     def prefetch(self, stream_ids: Sequence[str], rows: Iterable[tuple[str, str]]) -> None:
         """Read ahead the versions of `stream_ids` and the projection rows `rows` names (see
-        `prefetch_versions`, `SqlProjections.prefetch`): on PostgreSQL in one round trip."""
+        `SqlProjections.prefetch`), in one query per kind, not one each; on PostgreSQL all in one
+        round trip. Read under the append lock, so each is exact until this transaction appends."""
         reads = driver.Reads()
         self._read_versions(reads, stream_ids)
         self.projections.read_ahead(reads, rows)
-        reads.run(self.connection)
-
-    def prefetch_versions(self, stream_ids: Sequence[str]) -> None:
-        """Read the versions of streams a batch is about to use in one query, not one each.
-
-        Read under the append lock, so each is exact until this transaction appends.
-        """
-        reads = driver.Reads()
-        self._read_versions(reads, stream_ids)
         reads.run(self.connection)
 
     def _read_versions(self, reads: driver.Reads, stream_ids: Sequence[str]) -> None:

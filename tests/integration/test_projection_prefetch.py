@@ -91,7 +91,7 @@ def test_versions_and_rows_read_ahead_together_answer_as_without_and_need_no_lat
 
 
 def _counted(pipelined: Any, statements: list[str]) -> Any:
-    def count(connection: Any, driver_connection: Any, sent: list[Any]) -> Any:
+    def count(connection: Any, sent: list[Any]) -> Any:
         statements.extend(sql for sql, _ in sent)
-        return pipelined(connection, driver_connection, sent)
+        return pipelined(connection, sent)
     return count
