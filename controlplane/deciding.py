@@ -28,7 +28,7 @@ from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import PENDING, apply_event
 from events.model import ConcurrencyConflict, RecordedEvent
 from events.store import EventStore
-from events.transaction import LogTransaction
+from events.transaction import LogTransaction, ReadAhead
 
 log = structlog.get_logger(__name__)
 MAX_CONFLICT_RETRIES = 5
@@ -74,9 +74,14 @@ def decide_batch(store: EventStore, prepared: list[Prepared], policies: PolicyBo
     A version conflict (another writer moved a stream) starts over with fresh state, a bounded
     number of times.
     """
+    ids = [p.command_id for p in prepared]
+    read_ahead = ReadAhead(
+        [key for p in prepared for key in _streams_hinted(p.command)],
+        [*((PENDING, command_id) for command_id in ids),
+         *(row for p in prepared for row in READS.get(p.command.command_type, _no_reads)(p.command))])
     for attempt in range(MAX_CONFLICT_RETRIES):
         try:
-            with store.transaction(connection) as tx:
+            with store.transaction(connection, read_ahead) as tx:
                 outcomes = _decide_in(tx, prepared, policies)
         except ConcurrencyConflict as conflict:
             log.warning("decision_conflict_retry", attempt=attempt, stream_id=conflict.stream_id)
@@ -107,13 +112,10 @@ def _log_outcomes(outcomes: list[Outcome]) -> None:
 
 
 def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBook) -> list[Outcome]:
-    """Decide each command against `tx`'s state, the rows and versions it names read ahead."""
+    """Decide each command against `tx`'s state (the rows and versions they name read ahead
+    by `decide_batch`)."""
     outcomes = []
     ids = [p.command_id for p in prepared]
-    tx.prefetch([key for p in prepared for key in _streams_hinted(p.command)],
-                [*((PENDING, command_id) for command_id in ids),
-                 *(row for p in prepared
-                   for row in READS.get(p.command.command_type, _no_reads)(p.command))])
     # Decided since `_prepare` read the inbox, by another worker: checked under the lock. A
     # command leaves the pending index with its decision, so only those gone are looked up.
     settled = [command_id for command_id in ids if tx.projections.get(PENDING, command_id) is None]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import select
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,6 +15,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DisconnectionError
 
 from events import driver
 
@@ -103,7 +106,55 @@ def make_engine(url: str) -> Engine:
         return engine
     # READ COMMITTED whatever the server's default: a decision reads its inbox, then takes the
     # head row's lock in the same transaction, and must see every commit made before the lock.
-    return create_engine(url, pool_pre_ping=True, isolation_level="READ COMMITTED")
+    engine = create_engine(url, isolation_level="READ COMMITTED")
+    _ping_when_idle(engine)
+    return engine
+
+
+# A pooled connection idle longer than this is pinged (a round trip) before it is handed out.
+PING_AFTER_IDLE_SECONDS = 1.0
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Check a pooled PostgreSQL connection before it is handed out, a round trip only if it sat
+    idle a while.
+
+    A ping on every checkout (SQLAlchemy's `pool_pre_ping`) was a round trip and a sixth of a
+    one-command decision. Instead, a connection back from use a moment ago is checked without
+    one: the server writes nothing to an idle connection unless it is closing it (a restart,
+    a terminated backend, an idle timeout), so anything waiting on its socket means lost. One
+    idle longer than `PING_AFTER_IDLE_SECONDS` is pinged, as before. A lost one is replaced
+    by a new connection (the pool's `DisconnectionError`).
+    """
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.pop("idle_since", None)
+        if since is None:
+            return  # just connected
+        if _closing(dbapi_connection):
+            raise DisconnectionError("the server closed a pooled connection")
+        if time.monotonic() - since >= PING_AFTER_IDLE_SECONDS:
+            try:
+                engine.dialect.do_ping(dbapi_connection)
+            except engine.dialect.loaded_dbapi.Error as error:
+                raise DisconnectionError(f"a pooled connection was lost: {error}") from error
+
+
+def _closing(dbapi_connection: Any) -> bool:
+    """Whether the server has written to (or closed) an idle psycopg connection's socket."""
+    pgconn = getattr(dbapi_connection, "pgconn", None)
+    if pgconn is None or not hasattr(select, "poll"):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN)
+        return bool(poller.poll(0))
+    except Exception:  # no socket: the connection is already closed
+        return True
 
 
 def _configure_sqlite(engine: Engine) -> None:

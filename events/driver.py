@@ -94,25 +94,36 @@ def _psycopg_pipelines() -> bool:
     return bool(Pipeline.is_supported())
 
 
-def _pipelines(connection: Connection) -> bool:
+def gathers(connection: Connection) -> bool:
+    """Whether `Reads` and `pipeline` send their statements in one round trip on this
+    connection (PostgreSQL through psycopg's pipeline mode) rather than one by one."""
     return hasattr(connection.connection.driver_connection, "pipeline") and _psycopg_pipelines()
 
 
 @contextmanager
-def pipeline(connection: Connection) -> Iterator[None]:
+def pipeline(connection: Connection, commit: bool = False) -> Iterator[None]:
     """Send the statements run inside (`execute`, `execute_many`) without waiting for each.
 
     On PostgreSQL they go in one round trip (psycopg's pipeline mode, when its libpq has it),
     and an error any of them meets is raised, as SQLAlchemy's exception, when the block ends
     (or at a `fetch` inside it, named after that fetch's statement); the transaction has then
     failed, as after any error. On SQLite, which has no round trips, each runs as it is issued.
+
+    `commit`: where the statements are pipelined, the transaction's COMMIT goes last in the
+    same round trip, so a block that ends without an error has committed (the caller's own
+    commit then finds nothing left to do), and one that fails has committed nothing (PostgreSQL
+    skips what follows an error in a pipeline). Elsewhere the caller's commit does it, as usual.
     """
-    if not _pipelines(connection):
+    if not gathers(connection):
         yield
         return
+    driver_connection = _begun(connection)
     with _as_sqlalchemy_errors(connection, "(pipelined statements)", ()), \
-            _begun(connection).pipeline():
+            driver_connection.pipeline():
         yield
+        if commit:
+            with driver_connection.cursor() as cursor:
+                cursor.execute("COMMIT", prepare=False)
 
 
 # Fewer rows than this go with a transaction's other writes in its one pipelined round trip; a
@@ -224,7 +235,7 @@ class Reads:
     def run(self, connection: Connection) -> None:
         """Run every query gathered (then forget them), in order, and hand each its rows."""
         queries, self._queries = self._queries, []
-        if len(queries) < 2 or not _pipelines(connection):
+        if len(queries) < 2 or not gathers(connection):
             results = [_run(connection, template, parameters, in_count, "rows")
                        for template, parameters, in_count, _ in queries]
         else:

@@ -16,7 +16,7 @@ from events.database import PlannerStatistics, is_sqlite
 from events.model import RecordedEvent, StreamAppend
 from events.rows import COLUMNS, EVENT_COLUMNS_SQL, events_by_command, from_row, to_recorded
 from events.tables import HEAD, events_table
-from events.transaction import LogTransaction
+from events.transaction import LogTransaction, ReadAhead
 
 READ_CHUNK = 2_000
 MAX_KNOWN_VERSIONS = 100_000
@@ -27,6 +27,13 @@ _LOCK_HEAD = _HEAD + " FOR UPDATE"
 _READ_FROM = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE position > ? ORDER BY position LIMIT ?"
 _READ_RANGE = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE position > ? AND position <= ?"
                " ORDER BY position LIMIT ?")
+
+
+def _one_head(rows: Sequence[driver.Row]) -> tuple[int, str]:
+    if len(rows) != 1:
+        raise NoResultFound("the log has no head row: run `fleetctl init` on it")
+    ((position, head_hash),) = rows
+    return int(position), str(head_hash)
 
 
 class EventStore:
@@ -60,7 +67,8 @@ class EventStore:
             yield connection
 
     @contextmanager
-    def transaction(self, connection: Connection | None = None) -> Iterator[LogTransaction]:
+    def transaction(self, connection: Connection | None = None,
+                    read_ahead: ReadAhead | None = None) -> Iterator[LogTransaction]:
         """A write transaction holding the append lock; commits on success, else rolls back.
 
         `connection`: one from `reading` the caller has only read on; the transaction goes on
@@ -72,24 +80,22 @@ class EventStore:
         transaction that also appends (as folding and `rebuild_live` do; one that does not is
         refused with ValueError and rolled back): other processes know their cached rows are
         current by the head, which only an append moves.
+
+        `read_ahead`: the stream versions and projection rows the transaction will read, read
+        as soon as the lock is held (`LogTransaction.prefetch`); on PostgreSQL in the lock's
+        own round trip when the log is where this store's last commit left it.
+
+        On PostgreSQL the COMMIT goes in the round trip of the writes (`driver.pipeline`): an
+        error raised after that (only a failure of this process) finds the transaction
+        committed, and the cache untrusted until revalidated, as after any failure.
         """
         asked = time.perf_counter()
         locked: float | None = None
         tx: LogTransaction | None = None
         try:
             with self._writing(connection) as conn:
-                # SQLite: BEGIN IMMEDIATE took the lock; PostgreSQL: the head row's lock.
-                head = driver.fetch(conn, _HEAD if is_sqlite(self.engine) else _LOCK_HEAD)
-                if len(head) != 1:
-                    raise NoResultFound("the log has no head row: run `fleetctl init` on it")
-                ((position, head_hash),) = head
+                tx = self._locked(conn, read_ahead)
                 locked = time.perf_counter()
-                known = self._known_head == (position, head_hash)
-                tx = LogTransaction(conn, position, head_hash, self.checkpoint_every,
-                                    self._known_versions if known else None)
-                if known and self._known_since_checkpoint is not None:
-                    since, hashes = self._known_since_checkpoint
-                    tx.since_checkpoint = (since, list(hashes))
                 yield tx
                 if tx.projections.has_pending() and not tx.appended:
                     raise ValueError(
@@ -97,7 +103,8 @@ class EventStore:
                         " transaction: other processes would keep their cached rows")
                 if tx.has_writes():
                     tx.copy_bulk()  # a large batch's rows by COPY, which cannot be pipelined
-                    with driver.pipeline(conn):  # PostgreSQL: the other writes in one round trip
+                    # PostgreSQL: the other writes and the COMMIT in one round trip.
+                    with driver.pipeline(conn, commit=True):
                         tx.flush()
                         tx.projections.write_pending()
                 tx.projections.settle(head=(tx.head_position, tx.head_hash))
@@ -119,6 +126,48 @@ class EventStore:
         self._known_versions = versions if len(versions) <= MAX_KNOWN_VERSIONS else {}
         self._known_since_checkpoint = tx.since_checkpoint
         self.statistics.after_commit(tx.head_position)
+
+    def _locked(self, conn: Connection, read_ahead: ReadAhead | None) -> LogTransaction:
+        """The transaction, once the append lock is held (SQLite: BEGIN IMMEDIATE took it;
+        PostgreSQL: the head row's lock), with `read_ahead` read under it.
+
+        On PostgreSQL, when this store committed last, the read-ahead is sent with the lock in
+        one round trip, as if the log were still at that head: the reads run after the lock is
+        granted, so they are exact whatever the head; if the head did move, what was computed
+        from the cache is dropped and the read-ahead made again at the head read.
+        """
+        guess = self._known_head
+        if read_ahead is not None and guess is not None and driver.gathers(conn):
+            tx = self._at_head(conn, guess)
+            heads = driver.Reads()
+            found: list[driver.Row] = []
+            heads.add(_LOCK_HEAD, then=found.extend)
+            try:
+                tx.prefetch(*read_ahead, after=heads)
+                head = _one_head(found)
+            except BaseException:
+                tx.projections.abandon()
+                raise
+            if head == guess:
+                return tx
+            tx.projections.abandon()  # computed at a head the log has left
+            tx = self._at_head(conn, head)
+        else:
+            lock = _HEAD if is_sqlite(self.engine) else _LOCK_HEAD
+            tx = self._at_head(conn, _one_head(driver.fetch(conn, lock)))
+        if read_ahead is not None:
+            tx.prefetch(*read_ahead)
+        return tx
+
+    def _at_head(self, conn: Connection, head: tuple[int, str]) -> LogTransaction:
+        """A transaction at `head`, with what this store knows of it if it left the log there."""
+        known = self._known_head == head
+        tx = LogTransaction(conn, *head, self.checkpoint_every,
+                            self._known_versions if known else None)
+        if known and self._known_since_checkpoint is not None:
+            since, hashes = self._known_since_checkpoint
+            tx.since_checkpoint = (since, list(hashes))
+        return tx
 
     @contextmanager
     def _writing(self, connection: Connection | None) -> Iterator[Connection]:

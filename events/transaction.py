@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
@@ -43,6 +43,13 @@ _LAST_CHECKPOINT = "SELECT max(position) FROM events WHERE stream_id = ?"
 _HASHES_AFTER = "SELECT hash FROM events WHERE position > ? ORDER BY position"
 _MAX_VERSIONS = ("SELECT stream_id, max(stream_version) FROM events WHERE stream_id IN ({in})"
                  " GROUP BY stream_id")
+
+
+class ReadAhead(NamedTuple):
+    """What a transaction is about to read: stream versions and projection rows (name, key)."""
+
+    stream_ids: Sequence[str]
+    rows: Sequence[tuple[str, str]]
 
 
 class LogTransaction:
@@ -85,11 +92,13 @@ class LogTransaction:
                 version = self.versions[stream_id]
         return version
 
-    def prefetch(self, stream_ids: Sequence[str], rows: Iterable[tuple[str, str]]) -> None:
+    def prefetch(self, stream_ids: Sequence[str], rows: Iterable[tuple[str, str]],
+                 after: driver.Reads | None = None) -> None:
         """Read ahead the versions of `stream_ids` and the projection rows `rows` names (see
         `SqlProjections.prefetch`), in one query per kind, not one each; on PostgreSQL all in one
-        round trip. Read under the append lock, so each is exact until this transaction appends."""
-        reads = driver.Reads()
+        round trip, after the queries of `after` if given. Read under the append lock, so each
+        is exact until this transaction appends."""
+        reads = after or driver.Reads()
         self._read_versions(reads, stream_ids)
         self.projections.read_ahead(reads, rows)
         reads.run(self.connection)

@@ -13,7 +13,7 @@ from controlplane.commands import command_adapter
 from controlplane.service import accept, decide
 from controlplane.workloads import inventory, model, placement
 from events.store import EventStore
-from events.transaction import LogTransaction
+from events.transaction import LogTransaction, ReadAhead
 from tests.fleet_helpers import assert_replay_exact, decision
 
 
@@ -24,12 +24,13 @@ class InterleavedStore(EventStore):
         super().__init__(store.engine, store.checkpoint_every)
         self.before_lock: Callable[[], None] | None = None
 
-    def transaction(self, connection: Connection | None = None
+    def transaction(self, connection: Connection | None = None,
+                    read_ahead: ReadAhead | None = None
                     ) -> AbstractContextManager[LogTransaction]:
         if self.before_lock is not None:
             action, self.before_lock = self.before_lock, None
             action()
-        return super().transaction(connection)
+        return super().transaction(connection, read_ahead)
 
 
 def accepted(store: EventStore, *payloads: dict[str, Any]) -> list[str]:
@@ -59,6 +60,22 @@ def test_a_batch_decides_on_state_another_writer_changed_after_it_read_the_inbox
     mine = accepted(store, placement("mine", "chat", tensor_parallel_size=2))
     theirs = accepted(store, placement("theirs", "chat", tensor_parallel_size=2))
     interleaved.before_lock = lambda: decide(store, theirs)
+    decide(interleaved, mine)
+    assert decision(store, theirs[0]).event_type == "ReplicaPlaced"
+    assert decision(store, mine[0]).event_type == "PlacementRefused"
+    assert_replay_exact(store)
+
+
+def test_a_batch_whose_store_committed_last_decides_on_what_another_writer_appended_since(
+        store: EventStore) -> None:
+    """The store expects the head its last commit left (on PostgreSQL it reads ahead with the
+    lock on that guess); another writer moved it: what was read on the guess is not used."""
+    decide(store, accepted(store, *inventory(1, 2), model()))
+    interleaved = InterleavedStore(store)
+    warm, mine, theirs = (accepted(store, placement(name, "chat", tensor_parallel_size=size))
+                          for name, size in (("warm", 1), ("mine", 1), ("theirs", 1)))
+    decide(interleaved, warm)  # its last commit: the head it will guess, the GPU view cached
+    interleaved.before_lock = lambda: decide(store, theirs)  # takes the last free GPU
     decide(interleaved, mine)
     assert decision(store, theirs[0]).event_type == "ReplicaPlaced"
     assert decision(store, mine[0]).event_type == "PlacementRefused"

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound, OperationalError
 
@@ -17,8 +18,10 @@ from controlplane.runtime import open_store
 from events import database, driver
 from events.canonical import GENESIS_HASH
 from events.model import StreamAppend
+from events.projections import SqlProjections
 from events.store import EventStore
 from events.tables import log_head_table
+from events.transaction import ReadAhead
 from tests.conftest import reset_postgres
 from tests.factories import append_marker, event
 
@@ -183,6 +186,33 @@ def test_a_transactions_read_ahead_costs_one_round_trip_on_postgresql(
         store.engine.dispose()
 
 
+def test_a_write_transaction_costs_three_round_trips_on_postgresql(postgres_database: str,
+                                                                    tmp_path: Path) -> None:
+    """Where its store left the log: psycopg's BEGIN (always a round trip of its own); the
+    head's lock and the read-ahead; the rows, the head and COMMIT."""
+    reset_postgres(postgres_database)
+    store = open_store(postgres_database)
+    trace = tmp_path / "libpq-trace"
+    try:
+        store.append([StreamAppend("s/1", 0, [event("a", {})])])
+        with trace.open("w") as file:
+            def traced(dbapi_connection: Any, *_: Any) -> None:
+                dbapi_connection.pgconn.trace(file.fileno())
+
+            sqlalchemy_event.listen(store.engine, "checkout", traced)
+            read_ahead = ReadAhead(["s/1", "s/2"], [("things", "a"), ("things", "b")])
+            with store.transaction(read_ahead=read_ahead) as tx:
+                tx.append([StreamAppend("s/1", 1, [event("b", {})])], check_existing=False)
+                tx.projections.put("things", "a", {"n": 1})
+            sqlalchemy_event.remove(store.engine, "checkout", traced)
+        assert _round_trips(trace.read_text()) == 3
+        assert store.head()[0] == 2
+        with store.engine.connect() as conn:
+            assert SqlProjections(conn).get("things", "a") == {"n": 1}
+    finally:
+        store.engine.dispose()
+
+
 @contextmanager
 def _protocol_trace(driver_connection: Any, path: Path) -> Iterator[None]:
     """libpq's trace of the messages the connection sends and receives inside the block."""
@@ -219,6 +249,58 @@ def test_a_connection_lost_under_a_driver_statement_is_invalidated_and_the_store
         assert store.head()[0] == 1
     finally:
         admin.dispose()
+        store.engine.dispose()
+
+
+def _pooled_connection_killed(store: EventStore, admin: Engine) -> int:
+    """Terminate the backend of the connection the store's pool holds; returns its pid."""
+    with store.engine.connect() as conn:
+        ((pid,),) = driver.fetch(conn, "SELECT pg_backend_pid()")
+    with admin.connect() as killer:
+        killer.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+    return int(pid)
+
+
+def _never_pinged(_dbapi_connection: Any) -> bool:
+    raise AssertionError("pinged")
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced_without_a_ping(
+        postgres_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not pinged (as if back from use a moment ago): what the server wrote as it closed the
+    connection is enough."""
+    reset_postgres(postgres_database)
+    store = open_store(postgres_database)
+    monkeypatch.setattr(store.engine.dialect, "do_ping", _never_pinged)
+    monkeypatch.setattr(database, "PING_AFTER_IDLE_SECONDS", 3600.0)
+    admin = create_engine(postgres_database, isolation_level="AUTOCOMMIT")
+    try:
+        store.append([StreamAppend("s/1", 0, [event("a", {})])])
+        _pooled_connection_killed(store, admin)
+        store.append([StreamAppend("s/1", 1, [event("b", {})])])
+        assert [e.stream_version for e in store.read_stream("s/1")] == [1, 2]
+        killed = _pooled_connection_killed(store, admin)
+        with store.reading() as conn:
+            ((pid,),) = driver.fetch(conn, "SELECT pg_backend_pid()")
+        assert pid != killed
+    finally:
+        admin.dispose()
+        store.engine.dispose()
+
+
+def test_a_pooled_connection_idle_a_while_is_pinged(postgres_database: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    store = open_store(postgres_database)
+    pings: list[object] = []
+    monkeypatch.setattr(store.engine.dialect, "do_ping", pings.append)
+    try:
+        store.head()
+        store.head()
+        assert pings == []  # back from use a moment ago
+        monkeypatch.setattr(database, "PING_AFTER_IDLE_SECONDS", 0.0)
+        store.head()
+        assert len(pings) == 1
+    finally:
         store.engine.dispose()
 
 

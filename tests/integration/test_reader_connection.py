@@ -83,10 +83,11 @@ def test_a_conflict_retried_on_the_readers_connection_decides_once(
     assert_replay_exact(store)
 
 
-def test_a_transaction_that_fails_after_settling_the_cache_leaves_no_rolled_back_row_trusted(
+def test_a_transaction_that_fails_after_settling_the_cache_leaves_only_stored_rows_trusted(
         store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its rows were cached and the cache settled before the commit; the commit failed, and the
-    head did not move (it appended nothing): the next transaction must not see the rows."""
+    """Its rows were cached and the cache settled, then it failed: the next transaction must see
+    exactly the stored rows. On SQLite the commit comes after, so nothing was stored (and the
+    head did not move); on PostgreSQL the COMMIT rode with the writes, so the row stands."""
     with store.transaction() as tx:
         tx.projections.get("tested", "k")  # cached as absent, at this head
     settle = SqlProjections.settle
@@ -100,5 +101,8 @@ def test_a_transaction_that_fails_after_settling_the_cache_leaves_no_rolled_back
         append_marker(tx)
         tx.projections.put("tested", "k", {"v": 1})
     monkeypatch.setattr(SqlProjections, "settle", settle)
+    with store.engine.connect() as fresh:
+        stored = SqlProjections(fresh).get("tested", "k")
+    assert stored == (None if store.engine.dialect.name == "sqlite" else {"v": 1})
     with store.transaction() as tx:
-        assert tx.projections.get("tested", "k") is None
+        assert tx.projections.get("tested", "k") == stored
