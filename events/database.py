@@ -121,10 +121,16 @@ def _ping_when_idle(engine: Engine) -> None:
 
     A ping on every checkout (SQLAlchemy's `pool_pre_ping`) was a round trip and a sixth of a
     one-command decision. Instead, a connection back from use a moment ago is checked without
-    one: the server writes nothing to an idle connection unless it is closing it (a restart,
-    a terminated backend, an idle timeout), so anything waiting on its socket means lost. One
-    idle longer than `PING_AFTER_IDLE_SECONDS` is pinged, as before. A lost one is replaced
-    by a new connection (the pool's `DisconnectionError`).
+    one: the server writes to an idle connection as it closes it (a restart, a terminated
+    backend, an idle timeout), so anything waiting on its socket is taken as lost. It may also
+    write a notice or a changed parameter (and notifications, but the log never LISTENs):
+    then a sound connection is replaced, which costs only a reconnect. One idle longer than
+    `PING_AFTER_IDLE_SECONDS` is pinged, as before, and replaced if the ping fails for any
+    reason. A lost one is replaced by a new connection (the pool's `DisconnectionError`).
+
+    Not seen without the ping: a connection lost silently (no packet reached us) within the
+    last second, and on a platform without `select.poll` any loss within it; the transaction's
+    first statement then fails and the connection is invalidated, as any lost mid-transaction.
     """
     @event.listens_for(engine, "checkin")
     def _checked_in(_dbapi_connection: Any, record: Any) -> None:

@@ -5,7 +5,9 @@ only when the log head that transaction reads (position and hash) equals the hea
 cache was last settled, and no transaction left it half-written. Any other append (another
 process, another engine on the same database, or a transaction of ours that failed after
 writing) leaves a different head. The hash chains every event, so an equal head means an equal
-log, hence equal projections.
+log, hence equal projections. (A transaction may begin the cache at the head it expects, to
+read ahead with the lock in one round trip; if the lock shows another head, it marks the cache
+untrusted before using anything, see `EventStore._locked`.)
 
 On a different head, rows are forgotten, but a projection that has views is revalidated before
 its first use instead: every stored row's text is read again and only the rows whose text

@@ -52,6 +52,9 @@ class EventStore:
         self._known_head: tuple[int, str] | None = None
         self._known_versions: dict[str, int] = {}
         self._known_since_checkpoint: tuple[int, list[str]] | None = None
+        # Whether the last transaction found the log at that head: the next one then reads
+        # ahead with the lock, on the guess that it still is (`_locked`).
+        self._guessed_right = True
         self.statistics = PlannerStatistics(engine)
         # Seconds this store spent taking the append lock, and holding it (to the end of the
         # commit), over every write transaction so far: where contention between workers shows.
@@ -69,7 +72,8 @@ class EventStore:
     @contextmanager
     def transaction(self, connection: Connection | None = None,
                     read_ahead: ReadAhead | None = None) -> Iterator[LogTransaction]:
-        """A write transaction holding the append lock; commits on success, else rolls back.
+        """A write transaction holding the append lock; commits on success, else rolls back
+        (but see the end of this docstring for PostgreSQL).
 
         `connection`: one from `reading` the caller has only read on; the transaction goes on
         on it (on PostgreSQL in the database transaction its reads began, if still open, the
@@ -83,19 +87,20 @@ class EventStore:
 
         `read_ahead`: the stream versions and projection rows the transaction will read, read
         as soon as the lock is held (`LogTransaction.prefetch`); on PostgreSQL in the lock's
-        own round trip when the log is where this store's last commit left it.
+        own round trip when the log is where this store's last commit left it (that read-ahead
+        then counts in `lock_wait_seconds`, not `lock_held_seconds`).
 
         On PostgreSQL the COMMIT goes in the round trip of the writes (`driver.pipeline`): an
-        error raised after that (only a failure of this process) finds the transaction
-        committed, and the cache untrusted until revalidated, as after any failure.
+        error raised after that (only a failure of this process: the rest is bookkeeping in
+        memory) finds the transaction committed, and the cache untrusted until revalidated, as
+        after any failure.
         """
         asked = time.perf_counter()
         locked: float | None = None
         tx: LogTransaction | None = None
         try:
             with self._writing(connection) as conn:
-                tx = self._locked(conn, read_ahead)
-                locked = time.perf_counter()
+                tx, locked = self._locked(conn, read_ahead)
                 yield tx
                 if tx.projections.has_pending() and not tx.appended:
                     raise ValueError(
@@ -127,37 +132,51 @@ class EventStore:
         self._known_since_checkpoint = tx.since_checkpoint
         self.statistics.after_commit(tx.head_position)
 
-    def _locked(self, conn: Connection, read_ahead: ReadAhead | None) -> LogTransaction:
+    def _locked(self, conn: Connection, read_ahead: ReadAhead | None
+                ) -> tuple[LogTransaction, float]:
         """The transaction, once the append lock is held (SQLite: BEGIN IMMEDIATE took it;
-        PostgreSQL: the head row's lock), with `read_ahead` read under it.
+        PostgreSQL: the head row's lock), with `read_ahead` read under it; and when the lock
+        was known to be held (`time.perf_counter`).
 
-        On PostgreSQL, when this store committed last, the read-ahead is sent with the lock in
-        one round trip, as if the log were still at that head: the reads run after the lock is
-        granted, so they are exact whatever the head; if the head did move, what was computed
-        from the cache is dropped and the read-ahead made again at the head read.
+        On PostgreSQL the read-ahead goes with the lock in one round trip, computed as if the
+        log were still at the head this store's last commit left (`guess`), when its previous
+        transaction found it so (with other writers busy it rarely does: the guess is then not
+        made, so its reads are not wasted): versions and cached rows known at the guess are not
+        read. The reads run after the lock is granted, so what
+        they return is exact whatever the head. If the head read is the guess, nothing was
+        appended since this store's commit, so what it knew there (and any row its cache
+        revalidated while computing the reads, before the lock) is still exact: the log only
+        grows, and projection rows change only with an append. If the head moved, everything
+        computed at the guess is dropped (the cache untrusted) and the read-ahead made again
+        at the head read: two round trips, as without the guess.
         """
         guess = self._known_head
-        if read_ahead is not None and guess is not None and driver.gathers(conn):
-            tx = self._at_head(conn, guess)
-            heads = driver.Reads()
-            found: list[driver.Row] = []
-            heads.add(_LOCK_HEAD, then=found.extend)
-            try:
+        tx: LogTransaction | None = None
+        try:
+            if (read_ahead is not None and guess is not None and self._guessed_right
+                    and driver.gathers(conn)):
+                tx = self._at_head(conn, guess)
+                heads, found = driver.Reads(), list[driver.Row]()
+                heads.add(_LOCK_HEAD, then=found.extend)
                 tx.prefetch(*read_ahead, after=heads)
-                head = _one_head(found)
-            except BaseException:
-                tx.projections.abandon()
-                raise
-            if head == guess:
-                return tx
-            tx.projections.abandon()  # computed at a head the log has left
+                locked, head = time.perf_counter(), _one_head(found)
+                self._guessed_right = head == guess
+                if self._guessed_right:
+                    return tx, locked
+                tx.projections.abandon()  # computed at a head the log has left
+            else:
+                head = _one_head(driver.fetch(conn, _HEAD if is_sqlite(self.engine)
+                                              else _LOCK_HEAD))
+                locked = time.perf_counter()
+                self._guessed_right = guess in (None, head)
             tx = self._at_head(conn, head)
-        else:
-            lock = _HEAD if is_sqlite(self.engine) else _LOCK_HEAD
-            tx = self._at_head(conn, _one_head(driver.fetch(conn, lock)))
-        if read_ahead is not None:
-            tx.prefetch(*read_ahead)
-        return tx
+            if read_ahead is not None:
+                tx.prefetch(*read_ahead)
+            return tx, locked
+        except BaseException:
+            if tx is not None:
+                tx.projections.abandon()
+            raise
 
     def _at_head(self, conn: Connection, head: tuple[int, str]) -> LogTransaction:
         """A transaction at `head`, with what this store knows of it if it left the log there."""

@@ -10,6 +10,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from controlplane.commands import command_adapter
+from controlplane.runtime import open_store
 from controlplane.service import accept, decide
 from controlplane.workloads import inventory, model, placement
 from events.store import EventStore
@@ -66,20 +67,25 @@ def test_a_batch_decides_on_state_another_writer_changed_after_it_read_the_inbox
     assert_replay_exact(store)
 
 
-def test_a_batch_whose_store_committed_last_decides_on_what_another_writer_appended_since(
+def test_a_batch_whose_store_committed_last_decides_on_what_another_process_appended_since(
         store: EventStore) -> None:
     """The store expects the head its last commit left (on PostgreSQL it reads ahead with the
-    lock on that guess); another writer moved it: what was read on the guess is not used."""
-    decide(store, accepted(store, *inventory(1, 2), model()))
-    interleaved = InterleavedStore(store)
-    warm, mine, theirs = (accepted(store, placement(name, "chat", tensor_parallel_size=size))
-                          for name, size in (("warm", 1), ("mine", 1), ("theirs", 1)))
-    decide(interleaved, warm)  # its last commit: the head it will guess, the GPU view cached
-    interleaved.before_lock = lambda: decide(store, theirs)  # takes the last free GPU
-    decide(interleaved, mine)
-    assert decision(store, theirs[0]).event_type == "ReplicaPlaced"
-    assert decision(store, mine[0]).event_type == "PlacementRefused"
-    assert_replay_exact(store)
+    lock on that guess, its cache trusted at it); another process (an engine and cache of its
+    own) moved it: nothing read or cached at the guess is used."""
+    other = open_store(store.engine.url.render_as_string(hide_password=False))
+    try:
+        decide(store, accepted(store, *inventory(1, 2), model()))
+        interleaved = InterleavedStore(store)
+        warm, mine, theirs = (accepted(store, placement(name, "chat")) for name in
+                              ("warm", "mine", "theirs"))
+        decide(interleaved, warm)  # its last commit: the head it will guess, GPU view cached
+        interleaved.before_lock = lambda: decide(other, theirs)  # takes the last free GPU
+        decide(interleaved, mine)
+        assert decision(store, theirs[0]).event_type == "ReplicaPlaced"
+        assert decision(store, mine[0]).event_type == "PlacementRefused"
+        assert_replay_exact(store)
+    finally:
+        other.engine.dispose()
 
 
 def test_each_decision_is_logged_at_debug_level_and_only_counted_at_info(

@@ -195,16 +195,22 @@ def test_a_write_transaction_costs_three_round_trips_on_postgresql(postgres_data
     trace = tmp_path / "libpq-trace"
     try:
         store.append([StreamAppend("s/1", 0, [event("a", {})])])
+        traced: list[Any] = []
         with trace.open("w") as file:
-            def traced(dbapi_connection: Any, *_: Any) -> None:
+            def trace_it(dbapi_connection: Any, *_: Any) -> None:
                 dbapi_connection.pgconn.trace(file.fileno())
+                traced.append(dbapi_connection)
 
-            sqlalchemy_event.listen(store.engine, "checkout", traced)
-            read_ahead = ReadAhead(["s/1", "s/2"], [("things", "a"), ("things", "b")])
-            with store.transaction(read_ahead=read_ahead) as tx:
-                tx.append([StreamAppend("s/1", 1, [event("b", {})])], check_existing=False)
-                tx.projections.put("things", "a", {"n": 1})
-            sqlalchemy_event.remove(store.engine, "checkout", traced)
+            sqlalchemy_event.listen(store.engine, "checkout", trace_it)
+            try:
+                read_ahead = ReadAhead(["s/1", "s/2"], [("things", "a"), ("things", "b")])
+                with store.transaction(read_ahead=read_ahead) as tx:
+                    tx.append([StreamAppend("s/1", 1, [event("b", {})])], check_existing=False)
+                    tx.projections.put("things", "a", {"n": 1})
+            finally:
+                sqlalchemy_event.remove(store.engine, "checkout", trace_it)
+                for dbapi_connection in traced:
+                    dbapi_connection.pgconn.untrace()
         assert _round_trips(trace.read_text()) == 3
         assert store.head()[0] == 2
         with store.engine.connect() as conn:
