@@ -26,12 +26,14 @@ from controlplane.policies.placement import GPU, Locality, PlacementRequest
 from controlplane.policies.placement_grouped import place_grouped
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.policy_book import PolicyInForce
+from controlplane.state.autoscaling import AUTOSCALER
 from controlplane.state.fleet import (
     GPUS_RELEASED,
     GPUS_RESERVED,
     MODEL,
     NODE,
     PLACEMENT_REFUSED,
+    POOL,
     REPLICA,
     REPLICA_PLACED,
     REPLICA_READY,
@@ -216,9 +218,14 @@ HANDLERS: dict[str, Handler] = {
 
 
 def _replica_reads(command: CommandBase) -> list[tuple[str, str]]:
+    """The replica's row; for a placement also the model and the pool's rows its fold updates
+    (the pool's replicas, its autoscaler's members), so none is read alone under the lock."""
     assert isinstance(command, PlaceReplica | ReleaseReplica | MarkReplicaReady)
     reads = [(REPLICA, command.replica_id)]
-    return reads + [(MODEL, command.model_id)] if isinstance(command, PlaceReplica) else reads
+    if isinstance(command, PlaceReplica):
+        reads += [(MODEL, command.model_id), (POOL, command.pool_id),
+                  (AUTOSCALER, command.pool_id)]
+    return reads
 
 
 READS: dict[str, Reads] = {"PlaceReplica": _replica_reads, "ReleaseReplica": _replica_reads,

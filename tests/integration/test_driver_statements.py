@@ -14,7 +14,10 @@ from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound, OperationalError
 
+from controlplane.commands import command_adapter
 from controlplane.runtime import open_store
+from controlplane.service import accept, decide
+from controlplane.workloads import inventory, model, placement
 from events import database, driver
 from events.canonical import GENESIS_HASH
 from events.model import StreamAppend
@@ -195,28 +198,56 @@ def test_a_write_transaction_costs_three_round_trips_on_postgresql(postgres_data
     trace = tmp_path / "libpq-trace"
     try:
         store.append([StreamAppend("s/1", 0, [event("a", {})])])
-        traced: list[Any] = []
-        with trace.open("w") as file:
-            def trace_it(dbapi_connection: Any, *_: Any) -> None:
-                dbapi_connection.pgconn.trace(file.fileno())
-                traced.append(dbapi_connection)
-
-            sqlalchemy_event.listen(store.engine, "checkout", trace_it)
-            try:
-                read_ahead = ReadAhead(["s/1", "s/2"], [("things", "a"), ("things", "b")])
-                with store.transaction(read_ahead=read_ahead) as tx:
-                    tx.append([StreamAppend("s/1", 1, [event("b", {})])], check_existing=False)
-                    tx.projections.put("things", "a", {"n": 1})
-            finally:
-                sqlalchemy_event.remove(store.engine, "checkout", trace_it)
-                for dbapi_connection in traced:
-                    dbapi_connection.pgconn.untrace()
+        with _checkouts_traced(store.engine, trace):
+            read_ahead = ReadAhead(["s/1", "s/2"], [("things", "a"), ("things", "b")])
+            with store.transaction(read_ahead=read_ahead) as tx:
+                tx.append([StreamAppend("s/1", 1, [event("b", {})])], check_existing=False)
+                tx.projections.put("things", "a", {"n": 1})
         assert _round_trips(trace.read_text()) == 3
         assert store.head()[0] == 2
         with store.engine.connect() as conn:
             assert SqlProjections(conn).get("things", "a") == {"n": 1}
     finally:
         store.engine.dispose()
+
+
+def test_a_one_command_placement_costs_four_round_trips_on_postgresql(
+        postgres_database: str, tmp_path: Path) -> None:
+    """BEGIN; the inbox read; the head lock with every row and version the decision reads
+    (none read alone afterwards, even for a pool not seen before); the writes with COMMIT."""
+    reset_postgres(postgres_database)
+    store = open_store(postgres_database)
+    trace = tmp_path / "libpq-trace"
+    try:
+        decide(store, accept(store, [command_adapter.validate_python(p)
+                                     for p in [*inventory(2, 2), model(), placement("r1", "chat")]]))
+        # (The first placement of a process builds its GPU index and reads the policy.)
+        for replica, pool in (("r2", "batch"), ("r3", "chat")):  # "batch": a pool not seen yet
+            [command_id] = accept(store, [command_adapter.validate_python(placement(replica, pool))])
+            with _checkouts_traced(store.engine, trace):
+                [outcome] = decide(store, [command_id])
+            assert outcome.events[0].event_type == "ReplicaPlaced"
+            assert _round_trips(trace.read_text()) == 4, replica
+    finally:
+        store.engine.dispose()
+
+
+@contextmanager
+def _checkouts_traced(engine: Engine, path: Path) -> Iterator[None]:
+    """libpq's trace of every connection `engine`'s pool hands out inside the block."""
+    traced: list[Any] = []
+    with path.open("w") as file:
+        def trace(dbapi_connection: Any, *_: Any) -> None:
+            dbapi_connection.pgconn.trace(file.fileno())
+            traced.append(dbapi_connection)
+
+        sqlalchemy_event.listen(engine, "checkout", trace)
+        try:
+            yield
+        finally:
+            sqlalchemy_event.remove(engine, "checkout", trace)
+            for dbapi_connection in traced:
+                dbapi_connection.pgconn.untrace()
 
 
 @contextmanager
