@@ -24,7 +24,7 @@ from sqlalchemy.engine import Connection
 from controlplane.commands import CommandBase
 from controlplane.decisions import ACCEPTED, DecisionContext
 from controlplane.handlers import HANDLERS, READS
-from controlplane.policy_book import PolicyBook
+from controlplane.policy_book import POLICY_MODELS, POLICY_PROJECTION, PolicyBook
 from controlplane.state.fold import PENDING, apply_event
 from events.model import ConcurrencyConflict, RecordedEvent
 from events.store import EventStore
@@ -77,7 +77,7 @@ def decide_batch(store: EventStore, prepared: list[Prepared], policies: PolicyBo
     ids = [p.command_id for p in prepared]
     read_ahead = ReadAhead(
         [key for p in prepared for key in _streams_hinted(p.command)],
-        [*((PENDING, command_id) for command_id in ids),
+        [*((PENDING, command_id) for command_id in ids), *POLICY_ROWS,
          *(row for p in prepared for row in READS.get(p.command.command_type, _no_reads)(p.command))])
     for attempt in range(MAX_CONFLICT_RETRIES):
         try:
@@ -89,6 +89,11 @@ def decide_batch(store: EventStore, prepared: list[Prepared], policies: PolicyBo
         _log_outcomes(outcomes)
         return outcomes
     raise RuntimeError(f"gave up after {MAX_CONFLICT_RETRIES} version conflicts")
+
+
+# Every policy's recorded version, read ahead with a batch (a cached row is not read again):
+# a fresh work horse would otherwise read each policy its batch consults on its own.
+POLICY_ROWS = [(POLICY_PROJECTION, name) for name in POLICY_MODELS]
 
 
 def _log_outcomes(outcomes: list[Outcome]) -> None:

@@ -214,20 +214,21 @@ def test_a_write_transaction_costs_three_round_trips_on_postgresql(postgres_data
 def test_a_one_command_placement_costs_four_round_trips_on_postgresql(
         postgres_database: str, tmp_path: Path) -> None:
     """BEGIN; the inbox read; the head lock with every row and version the decision reads
-    (none read alone afterwards, even for a pool not seen before); the writes with COMMIT."""
+    (none read alone afterwards: not the policy, not a pool not seen before); the writes with
+    COMMIT. The process's first placement also reads every node row once, for its GPU index."""
     reset_postgres(postgres_database)
     store = open_store(postgres_database)
     trace = tmp_path / "libpq-trace"
     try:
         decide(store, accept(store, [command_adapter.validate_python(p)
-                                     for p in [*inventory(2, 2), model(), placement("r1", "chat")]]))
-        # (The first placement of a process builds its GPU index and reads the policy.)
-        for replica, pool in (("r2", "batch"), ("r3", "chat")):  # "batch": a pool not seen yet
+                                     for p in [*inventory(2, 2), model()]]))
+        # "batch": a pool not seen yet
+        for replica, pool, trips in (("r1", "chat", 5), ("r2", "batch", 4), ("r3", "chat", 4)):
             [command_id] = accept(store, [command_adapter.validate_python(placement(replica, pool))])
             with _checkouts_traced(store.engine, trace):
                 [outcome] = decide(store, [command_id])
             assert outcome.events[0].event_type == "ReplicaPlaced"
-            assert _round_trips(trace.read_text()) == 4, replica
+            assert _round_trips(trace.read_text()) == trips, replica
     finally:
         store.engine.dispose()
 
