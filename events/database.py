@@ -103,12 +103,22 @@ def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _configure_sqlite(engine)
-        return engine
-    # READ COMMITTED whatever the server's default: a decision reads its inbox, then takes the
-    # head row's lock in the same transaction, and must see every commit made before the lock.
-    engine = create_engine(url, isolation_level="READ COMMITTED")
-    _ping_when_idle(engine)
+    else:
+        # READ COMMITTED whatever the server's default: a decision reads its inbox, then takes
+        # the head row's lock in the same transaction, and must see every commit made before it.
+        engine = create_engine(url, isolation_level="READ COMMITTED")
+        _ping_when_idle(engine)
+    _note_failed_statements(engine)
     return engine
+
+
+def _note_failed_statements(engine: Engine) -> None:
+    """Mark a connection whose SQLAlchemy statement failed, as the driver's own statements do,
+    so a write transaction that caught the error does not commit (`driver.statement_failed`)."""
+    @event.listens_for(engine, "handle_error")
+    def _failed(context: Any) -> None:
+        if context.connection is not None and not context.is_disconnect:
+            driver.note_failure(context.connection)
 
 
 # A pooled connection idle longer than this is pinged (a round trip) before it is handed out.

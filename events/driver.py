@@ -41,6 +41,25 @@ def _text(template: str, in_count: int, paramstyle: str) -> str:
     raise ValueError(f"driver parameter style {paramstyle!r} is not supported")
 
 
+# Set in a connection's info when one of its statements fails (`statement_failed`).
+_FAILED = "fleet_statement_failed"
+
+
+def statement_failed(connection: Connection) -> bool:
+    """Whether a statement failed on `connection` since `forget_failures` (a driver statement,
+    or a SQLAlchemy one: `database.make_engine` reports those)."""
+    return bool(connection.info.get(_FAILED))
+
+
+def forget_failures(connection: Connection) -> None:
+    """Start counting failed statements afresh (a write transaction begins)."""
+    connection.info.pop(_FAILED, None)
+
+
+def note_failure(connection: Connection) -> None:
+    connection.info[_FAILED] = True
+
+
 @contextmanager
 def _as_sqlalchemy_errors(connection: Connection, sql: str, parameters: Any,
                           cursor: Any = None) -> Iterator[None]:
@@ -52,6 +71,8 @@ def _as_sqlalchemy_errors(connection: Connection, sql: str, parameters: Any,
                                                 cursor)
         if lost:
             connection.invalidate(error)
+        else:
+            note_failure(connection)
         raise DBAPIError.instance(sql, parameters, error, dbapi.Error,
                                   connection_invalidated=lost) from error
 

@@ -98,3 +98,8 @@ class ConcurrencyConflict(LogError):
 
 class DuplicateEventError(LogError):
     """An event id already stored elsewhere, or a batch that only partly overlaps the log."""
+
+
+class StatementFailed(LogError):
+    """A statement of a write transaction failed and its error was caught inside the
+    transaction: the transaction is rolled back, never committed without that statement."""

@@ -13,7 +13,7 @@ from sqlalchemy.exc import NoResultFound
 
 from events import driver
 from events.database import PlannerStatistics, is_sqlite
-from events.model import RecordedEvent, StreamAppend
+from events.model import RecordedEvent, StatementFailed, StreamAppend
 from events.rows import COLUMNS, EVENT_COLUMNS_SQL, events_by_command, from_row, to_recorded
 from events.tables import HEAD, events_table
 from events.transaction import LogTransaction, ReadAhead
@@ -80,7 +80,9 @@ class EventStore:
         lock taken now; on SQLite, where a reader cannot become the writer, its read transaction
         is ended first). Reads made before the lock may be stale: what the lock protects is read
         again under it. A transaction that fails leaves the shared projection cache untrusted
-        until it is revalidated against the stored rows. Projection rows may change only in a
+        until it is revalidated against the stored rows. One in which any statement failed is
+        rolled back with `StatementFailed` even if the caller caught that statement's error (SQLite
+        would otherwise commit the statements around it). Projection rows may change only in a
         transaction that also appends (as folding and `rebuild_live` do; one that does not is
         refused with ValueError and rolled back): other processes know their cached rows are
         current by the head, which only an append moves.
@@ -102,6 +104,10 @@ class EventStore:
             with self._writing(connection) as conn:
                 tx, locked = self._locked(conn, read_ahead)
                 yield tx
+                if driver.statement_failed(conn):
+                    raise StatementFailed(
+                        "a statement of this write transaction failed and its error was caught:"
+                        " the transaction is rolled back rather than committed without it")
                 if tx.projections.has_pending() and not tx.appended:
                     raise ValueError(
                         "projection rows changed without an event appended in the same"
@@ -194,6 +200,7 @@ class EventStore:
         without an error, else rolled back: a new one, or the reader's `connection` taken over."""
         if connection is None:
             with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
+                driver.forget_failures(conn)
                 yield conn
             return
         if is_sqlite(self.engine) and connection.in_transaction():
@@ -202,6 +209,7 @@ class EventStore:
         connection.execution_options(fleet_write=True)
         try:
             with connection.get_transaction() or connection.begin():
+                driver.forget_failures(connection)
                 yield connection
         finally:
             connection.execution_options(fleet_write=before)

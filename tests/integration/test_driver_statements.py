@@ -20,7 +20,7 @@ from controlplane.service import accept, decide
 from controlplane.workloads import inventory, model, placement
 from events import database, driver
 from events.canonical import GENESIS_HASH
-from events.model import StreamAppend
+from events.model import StatementFailed, StreamAppend
 from events.projections import SqlProjections
 from events.store import EventStore
 from events.tables import log_head_table
@@ -81,6 +81,27 @@ def test_a_log_without_its_head_row_is_refused_with_sqlalchemys_error(store: Eve
     finally:  # the PostgreSQL database outlives this test: put the empty log's head back
         with store.engine.begin() as conn:
             conn.execute(log_head_table.insert().values(id=1, position=0, hash=GENESIS_HASH))
+
+
+@pytest.mark.parametrize("through", ["driver", "sqlalchemy"])
+def test_a_write_transaction_whose_failed_statement_was_caught_commits_nothing(
+        store: EventStore, through: str) -> None:
+    """SQLite would commit the statements that succeeded around one that failed; PostgreSQL
+    would refuse the commit. Either way: StatementFailed, and nothing of the transaction stored."""
+    store.append([StreamAppend("s/1", 0, [event("a", {})])])
+    duplicate_head = "INSERT INTO log_head (id, position, hash) VALUES (1, 0, 'x')"
+    with pytest.raises(StatementFailed), store.transaction() as tx:
+        tx.append([StreamAppend("s/1", 1, [event("b", {})])])
+        tx.flush()  # the event and the new head are written in the transaction
+        with pytest.raises(IntegrityError):
+            if through == "driver":
+                driver.execute(tx.connection, duplicate_head)
+            else:
+                tx.connection.execute(text(duplicate_head))
+    assert store.head()[0] == 1
+    assert [e.stream_version for e in store.read_stream("s/1")] == [1]
+    store.append([StreamAppend("s/1", 1, [event("b", {})])])  # the next transaction commits
+    assert store.head()[0] == 2
 
 
 def test_an_error_in_pipelined_writes_is_sqlalchemys_and_nothing_is_written(
