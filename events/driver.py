@@ -27,6 +27,8 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
+from events.model import StatementFailed
+
 Row = tuple[Any, ...]
 
 
@@ -75,6 +77,9 @@ def _as_sqlalchemy_errors(connection: Connection, sql: str, parameters: Any,
             note_failure(connection)
         raise DBAPIError.instance(sql, parameters, error, dbapi.Error,
                                   connection_invalidated=lost) from error
+    except Exception:  # not the database's (sqlite3 refusing an integer past 64 bits mid-batch)
+        note_failure(connection)
+        raise
 
 
 def begin(connection: Connection, statement: str) -> None:
@@ -85,9 +90,16 @@ def begin(connection: Connection, statement: str) -> None:
 
 
 def _begun(connection: Connection) -> Any:
-    """The driver's connection, in the transaction a SQLAlchemy statement would autobegin."""
+    """The driver's connection, in the transaction a SQLAlchemy statement would autobegin.
+
+    In a write transaction (`fleet_write`) in which a statement failed, no further statement
+    runs (StatementFailed): some SQLite errors (an interrupt, a full disk, busy) roll back the
+    whole transaction, and what ran after them would be stored at once, outside it."""
     if not connection.in_transaction():
         connection.begin()
+    elif statement_failed(connection) and connection.get_execution_options().get("fleet_write"):
+        raise StatementFailed("a statement of this write transaction failed: it runs no further"
+                              " statement, and is rolled back")
     return connection.connection.driver_connection
 
 

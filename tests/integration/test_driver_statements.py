@@ -21,10 +21,10 @@ from controlplane.workloads import inventory, model, placement
 from events import database, driver
 from events.canonical import GENESIS_HASH
 from events.model import StatementFailed, StreamAppend
-from events.projections import SqlProjections
+from events.projections import UPSERT_ROWS, SqlProjections
 from events.store import EventStore
 from events.tables import log_head_table
-from events.transaction import ReadAhead
+from events.transaction import LogTransaction, ReadAhead
 from tests.conftest import reset_postgres
 from tests.factories import append_marker, event
 
@@ -102,6 +102,36 @@ def test_a_write_transaction_whose_failed_statement_was_caught_commits_nothing(
     assert [e.stream_version for e in store.read_stream("s/1")] == [1]
     store.append([StreamAppend("s/1", 1, [event("b", {})])])  # the next transaction commits
     assert store.head()[0] == 2
+
+
+def test_after_a_failed_statement_a_write_transaction_runs_no_other(store: EventStore) -> None:
+    """Some SQLite errors end the whole transaction; a statement after one would be stored
+    at once, outside it: none runs."""
+    with pytest.raises(StatementFailed), store.transaction() as tx:
+        with pytest.raises(DBAPIError):
+            driver.fetch(tx.connection, "SELECT no_such_column FROM events")
+        with pytest.raises(StatementFailed):
+            driver.execute(tx.connection, UPSERT_ROWS, "things", "a", '{"n":1}')
+        append_marker(tx)
+        tx.projections.put("things", "a", {"n": 1})
+    assert store.head()[0] == 0
+    with store.engine.connect() as conn:
+        assert SqlProjections(conn).get("things", "a") is None
+
+
+def test_a_statement_that_failed_outside_a_write_transaction_does_not_refuse_the_next(
+        store: EventStore) -> None:
+    """The mark stays on the pooled connection; a write transaction starts without it, also one
+    taken over from a reader (as a decision does)."""
+    store.append([StreamAppend("s/1", 0, [event("a", {})])])
+    with store.engine.connect() as conn, pytest.raises(DBAPIError):
+        driver.fetch(conn, "SELECT no_such_column FROM events")
+    with store.reading() as conn, store.transaction(conn) as tx:
+        tx.append([StreamAppend("s/1", 1, [event("b", {})])])
+    with store.engine.connect() as conn, pytest.raises(DBAPIError):
+        driver.fetch(conn, "SELECT no_such_column FROM events")
+    store.append([StreamAppend("s/1", 2, [event("c", {})])])
+    assert store.head()[0] == 3
 
 
 def test_an_error_in_pipelined_writes_is_sqlalchemys_and_nothing_is_written(
@@ -252,6 +282,42 @@ def test_a_one_command_placement_costs_four_round_trips_on_postgresql(
             assert _round_trips(trace.read_text()) == trips, replica
     finally:
         store.engine.dispose()
+
+
+def test_a_store_guesses_the_head_only_while_it_keeps_finding_its_own(
+        postgres_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read-ahead goes with the lock on the guess that the log is where this store left it;
+    after another writer proved that wrong, it waits to find its own head again."""
+    reset_postgres(postgres_database)
+    store, other = open_store(postgres_database), open_store(postgres_database)
+    with_lock: list[bool] = []
+    prefetch = LogTransaction.prefetch
+
+    def spied(tx: LogTransaction, *args: Any, after: Any = None) -> None:
+        with_lock.append(after is not None)
+        prefetch(tx, *args, after=after)
+
+    monkeypatch.setattr(LogTransaction, "prefetch", spied)
+    read_ahead = ReadAhead(["s/1"], [("things", "a")])
+
+    def mine(version: int) -> list[bool]:
+        with_lock.clear()
+        with store.transaction(read_ahead=read_ahead) as tx:
+            tx.append([StreamAppend("s/1", version, [event(f"m{version}", {})])])
+        return list(with_lock)
+
+    try:
+        store.append([StreamAppend("s/1", 0, [event("a", {})])])
+        assert mine(1) == [True]  # found where it left it
+        other.append([StreamAppend("s/2", 0, [event("b", {})])])
+        assert mine(2) == [True, False]  # guessed, wrong: read again at the head
+        other.append([StreamAppend("s/2", 1, [event("c", {})])])
+        assert mine(3) == [False]  # no guess after a wrong one
+        assert mine(4) == [False]  # ... until it finds its own head (it did, just now)
+        assert mine(5) == [True]
+    finally:
+        store.engine.dispose()
+        other.engine.dispose()
 
 
 @contextmanager
