@@ -117,12 +117,9 @@ def _note_failed_statements(engine: Engine) -> None:
     so a write transaction that caught the error does not commit (`driver.statement_failed`)."""
     @event.listens_for(engine, "handle_error")
     def _failed(context: Any) -> None:
-        connection = context.connection
-        # Not while connecting, and never touching a lost or closed connection (that would
-        # reconnect it, or raise in place of the real error).
-        if (connection is not None and not context.is_disconnect and not connection.closed
-                and not connection.invalidated):
-            driver.note_failure(connection)
+        # Not while connecting; `note_failure` leaves a lost or closed connection alone.
+        if context.connection is not None and not context.is_disconnect:
+            driver.note_failure(context.connection)
 
 
 # A pooled connection idle longer than this is pinged (a round trip) before it is handed out.

@@ -59,7 +59,10 @@ def forget_failures(connection: Connection) -> None:
 
 
 def note_failure(connection: Connection) -> None:
-    connection.info[_FAILED] = True
+    """Mark `connection` as having had a statement fail. A lost or closed one is left alone:
+    reading its info would reconnect it (and it can commit nothing anyway)."""
+    if not (connection.closed or connection.invalidated):
+        connection.info[_FAILED] = True
 
 
 @contextmanager
