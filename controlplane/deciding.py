@@ -32,6 +32,9 @@ from events.transaction import LogTransaction, ReadAhead
 
 log = structlog.get_logger(__name__)
 MAX_CONFLICT_RETRIES = 5
+# Every policy's recorded version, read ahead with a batch (a cached row is not read again):
+# a fresh work horse would otherwise read each policy its batch consults on its own.
+POLICY_ROWS = [(POLICY_PROJECTION, name) for name in POLICY_MODELS]
 
 
 def _no_reads(command: CommandBase) -> list[tuple[str, str]]:
@@ -89,11 +92,6 @@ def decide_batch(store: EventStore, prepared: list[Prepared], policies: PolicyBo
         _log_outcomes(outcomes)
         return outcomes
     raise RuntimeError(f"gave up after {MAX_CONFLICT_RETRIES} version conflicts")
-
-
-# Every policy's recorded version, read ahead with a batch (a cached row is not read again):
-# a fresh work horse would otherwise read each policy its batch consults on its own.
-POLICY_ROWS = [(POLICY_PROJECTION, name) for name in POLICY_MODELS]
 
 
 def _log_outcomes(outcomes: list[Outcome]) -> None:

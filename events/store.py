@@ -102,6 +102,7 @@ class EventStore:
         tx: LogTransaction | None = None
         try:
             with self._writing(connection) as conn:
+                driver.forget_failures(conn)  # a mark left on the pooled connection by earlier use
                 tx, locked = self._locked(conn, read_ahead)
                 yield tx
                 if driver.statement_failed(conn):
@@ -148,8 +149,8 @@ class EventStore:
         log were still at the head this store's last commit left (`guess`), when its previous
         transaction found it so (with other writers busy it rarely does: the guess is then not
         made, so its reads are not wasted): versions and cached rows known at the guess are not
-        read. The reads run after the lock is granted, so what
-        they return is exact whatever the head. If the head read is the guess, nothing was
+        read. The reads run after the lock is granted, so what they return is exact whatever the
+        head. If the head read is the guess, nothing was
         appended since this store's commit, so what it knew there (and any row its cache
         revalidated while computing the reads, before the lock) is still exact: the log only
         grows, and projection rows change only with an append. If the head moved, everything
@@ -200,7 +201,6 @@ class EventStore:
         without an error, else rolled back: a new one, or the reader's `connection` taken over."""
         if connection is None:
             with self.engine.connect().execution_options(fleet_write=True) as conn, conn.begin():
-                driver.forget_failures(conn)
                 yield conn
             return
         if is_sqlite(self.engine) and connection.in_transaction():
@@ -209,7 +209,6 @@ class EventStore:
         connection.execution_options(fleet_write=True)
         try:
             with connection.get_transaction() or connection.begin():
-                driver.forget_failures(connection)
                 yield connection
         finally:
             connection.execution_options(fleet_write=before)
