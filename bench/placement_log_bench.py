@@ -60,8 +60,8 @@ from controlplane.runtime import open_store  # noqa: E402
 from controlplane.service import accept, decide  # noqa: E402
 from controlplane.state.fleet import NODE  # noqa: E402
 from controlplane.state.gpu_index import gpu_index  # noqa: E402
+from controlplane.workloads import assessment, model, placement  # noqa: E402
 from controlplane.workloads import inventory as node_commands  # noqa: E402
-from controlplane.workloads import model, placement  # noqa: E402
 from events.projections import MemoryProjections, SqlProjections  # noqa: E402
 from events.store import EventStore  # noqa: E402
 
@@ -70,17 +70,6 @@ SEED = 20261201
 MULTI_GPU_SHARE = {2: 0.075, 4: 0.05, 8: 0.025}
 POLICY_SAMPLE_EVERY = 10
 FLOOR_DECISIONS = 100
-
-
-def assess_memory(command_id: str) -> dict[str, Any]:
-    """A memory-fit command: a decision that reads no fleet state, for the decide floor."""
-    return {"type": "AssessMemory", "command_id": command_id, "at": "2026-11-30T12:00:00Z",
-            "model_name": f"floor-{command_id}",
-            "model": {"parameters": 8_030_261_248, "weight_bits": 16, "layers": 32, "kv_heads": 8,
-                      "head_dim": 128},
-            "deployment": {"gpu_memory_gib": 79.19, "tensor_parallel_size": 1, "kv_shards": 1,
-                           "max_live_tokens_per_request": 8_192, "target_concurrency": 8,
-                           "runtime_overhead_gib": 2.0}}
 
 
 def validated(payloads: list[dict[str, Any]]) -> list[Any]:
@@ -162,7 +151,8 @@ def run(url: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
     batched_ids = accept_all(store, placements(rng, "b", args.placements, multi, args.pools))
     arriving = placements(rng, "a", args.arriving, {}, args.pools)
     single_ids = accept_all(store, placements(rng, "s", args.singles, {}, args.pools))
-    floor_ids = accept_all(store, [assess_memory(f"floor-{i}") for i in range(FLOOR_DECISIONS)])
+    floor_ids = accept_all(store, [assessment(f"floor-{i}", f"floor-model-{i}")
+                                 for i in range(FLOOR_DECISIONS)])
 
     started = time.perf_counter()
     for start in range(0, len(batched_ids), args.batch_size):

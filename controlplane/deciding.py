@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane.commands import CommandBase
 from controlplane.decisions import ACCEPTED, DecisionContext
-from controlplane.handlers import HANDLERS, READS
+from controlplane.handlers import HANDLERS, READS, STREAMS
 from controlplane.policy_book import POLICY_MODELS, POLICY_PROJECTION, PolicyBook
 from controlplane.state.fold import PENDING, apply_event
 from events.model import ConcurrencyConflict, RecordedEvent
@@ -38,6 +38,10 @@ POLICY_ROWS = [(POLICY_PROJECTION, name) for name in POLICY_MODELS]
 
 
 def _no_reads(command: CommandBase) -> list[tuple[str, str]]:
+    return []
+
+
+def _no_streams(command: CommandBase) -> list[str]:
     return []
 
 
@@ -140,9 +144,11 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
 
 
 def _streams_hinted(command: CommandBase) -> list[str]:
-    """Streams the command's decision will likely append to: what it names and creates.
+    """Streams the command's decision will likely append to: what it names and creates, and
+    what its handler declares (`STREAMS`).
 
     Entity keys (`pool/p`, `request/r`) are stream ids; a hint that is not one costs nothing
     but a row in the prefetch, and a stream missed here is read when first used.
     """
-    return [*command.creates(), *(key for _, key in command.references())]
+    return [*command.creates(), *(key for _, key in command.references()),
+            *STREAMS.get(command.command_type, _no_streams)(command)]

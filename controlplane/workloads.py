@@ -50,6 +50,17 @@ def ready(replica_id: str, seconds: float = 2) -> Payload:
             "replica_id": replica_id, "at": at(seconds)}
 
 
+def assessment(command_id: str, model_name: str, seconds: float = 1) -> Payload:
+    """An 8B model's memory fit on one 80 GiB GPU: a decision that reads no fleet state."""
+    return {"type": "AssessMemory", "command_id": command_id, "at": at(seconds),
+            "model_name": model_name,
+            "model": {"parameters": 8_030_261_248, "weight_bits": 16, "layers": 32, "kv_heads": 8,
+                      "head_dim": 128},
+            "deployment": {"gpu_memory_gib": 79.19, "tensor_parallel_size": 1, "kv_shards": 1,
+                           "max_live_tokens_per_request": 8_192, "target_concurrency": 8,
+                           "runtime_overhead_gib": 2.0}}
+
+
 def observe(command_id: str, pool_id: str, seconds: float, arrival_tokens_per_second: float,
             queued_tokens: int = 0) -> Payload:
     return {"type": "ObserveLoad", "command_id": command_id, "pool_id": pool_id, "at": at(seconds),

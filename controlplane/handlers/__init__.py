@@ -1,7 +1,7 @@
 """Command handlers: command -> read state -> policy -> events, one function per command type.
 
 Domain modules of this package export `HANDLERS` (and optionally `PRECHECKS`, `EFFECTS`,
-`OBSERVATIONS`, `READS`; see `handlers/base.py`); this is the one registry that assembles them.
+`OBSERVATIONS`, `READS`, `STREAMS`; see `handlers/base.py`); this is the one registry that assembles them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from controlplane.discovery import domain_modules
-from controlplane.handlers.base import Effect, Handler, Precheck, Reads
+from controlplane.handlers.base import Effect, Handler, Precheck, Reads, Streams
 
 _DOMAINS = domain_modules(sys.modules[__name__], "HANDLERS")
 HANDLERS: dict[str, Handler] = {name: handler for domain in _DOMAINS
@@ -20,8 +20,10 @@ EFFECTS: dict[str, Effect] = {name: effect for domain in _DOMAINS
                               for name, effect in getattr(domain, "EFFECTS", {}).items()}
 READS: dict[str, Reads] = {name: reads for domain in _DOMAINS
                            for name, reads in getattr(domain, "READS", {}).items()}
+STREAMS: dict[str, Streams] = {name: streams for domain in _DOMAINS
+                               for name, streams in getattr(domain, "STREAMS", {}).items()}
 OBSERVATIONS: frozenset[str] = frozenset(kind for domain in _DOMAINS
                                          for kind in getattr(domain, "OBSERVATIONS", ()))
 
-__all__ = ["EFFECTS", "HANDLERS", "OBSERVATIONS", "PRECHECKS", "READS", "Effect", "Handler",
-           "Precheck", "Reads"]
+__all__ = ["EFFECTS", "HANDLERS", "OBSERVATIONS", "PRECHECKS", "READS", "STREAMS", "Effect",
+           "Handler", "Precheck", "Reads", "Streams"]

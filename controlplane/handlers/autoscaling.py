@@ -28,7 +28,7 @@ from controlplane.decisions import (
     new_event,
     rejection,
 )
-from controlplane.handlers.base import Handler
+from controlplane.handlers.base import Handler, Streams
 from controlplane.handlers.placement import release_events
 from controlplane.policies.autoscaling import (
     AutoscalingPolicy,
@@ -111,10 +111,16 @@ def _state(pool: dict[str, Any], row: dict[str, Any]) -> ScaleState:
                       last_scale_at_seconds=row["last_scale_at_seconds"] or 0.0)
 
 
+def _streams(command: CommandBase) -> list[str]:
+    """The pool's autoscaler stream (the placements and releases it issues go to the inbox)."""
+    assert isinstance(command, ObserveLoad)
+    return [f"autoscaler/{command.pool_id}"]
+
+
 def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     """Decide a replica target from token demand; place or release replicas to reach it."""
     assert isinstance(command, ObserveLoad)
-    stream = f"autoscaler/{command.pool_id}"
+    [stream] = _streams(command)
     policy = ctx.policies.in_force(ctx.state, "autoscaling")
     parameters = policy.parameters
     now = seconds(command.at)
@@ -177,3 +183,4 @@ def _result(command: ObserveLoad, decision: ScaleDecision, state: ScaleState,
 
 
 HANDLERS: dict[str, Handler] = {"ObserveLoad": handle_observe_load}
+STREAMS: dict[str, Streams] = {"ObserveLoad": _streams}

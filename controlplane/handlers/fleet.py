@@ -17,7 +17,7 @@ from controlplane.decisions import (
 )
 from controlplane.errors import InputError
 from controlplane.handlers.admission_promotion import promote_on_policy
-from controlplane.handlers.base import Handler, Precheck
+from controlplane.handlers.base import Handler, Precheck, Streams
 from controlplane.handlers.placement import release_events
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.policy_book import validate_parameters
@@ -32,6 +32,8 @@ from controlplane.state.fleet import (
 )
 from events.model import StreamAppend
 from events.projections import StateView
+
+CATALOG_STREAM = "catalog"  # every model registration's decision
 
 
 def handle_register_node(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
@@ -90,7 +92,7 @@ def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[St
     if ctx.state.get(MODEL, command.model_id) is not None:
         return rejection(command, ctx, PolicyInputError(
             "model_already_registered", "model_id", f"model {command.model_id} already registered"),
-            "catalog")
+            CATALOG_STREAM)
     if command.memory is not None:
         memory = command.memory.model_dump()
         source = "declared"
@@ -98,7 +100,7 @@ def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[St
         try:
             entry = load_catalog().model(command.catalog_id or "")
         except CatalogError as error:
-            return rejection(command, ctx, error, "catalog")
+            return rejection(command, ctx, error, CATALOG_STREAM)
         memory = to_plain(model_memory(entry.architecture, entry.parameters.total,
                                        command.weight_bits, 2))
         source = f"catalog:{entry.model_id}"
@@ -107,14 +109,20 @@ def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[St
                     {"parameters": memory["parameters"], "layers": memory["layers"]})
     data = decision_data(outcome="registered", reasons=[reason], result=model, policy=None,
                          inputs=command.payload(), ctx=ctx)
-    return [append_to("catalog", ctx, new_event(command, ctx, "decision", MODEL_REGISTERED, data))]
+    return [append_to(CATALOG_STREAM, ctx,
+                      new_event(command, ctx, "decision", MODEL_REGISTERED, data))]
+
+
+def _policy_stream(command: CommandBase) -> list[str]:
+    assert isinstance(command, SetPolicy)
+    return [f"policy/{command.name}"]
 
 
 def handle_set_policy(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     """A new version of a policy; decisions after it record the version they used. A new
     admission version that grows pools' budgets promotes their queues in the same decision."""
     assert isinstance(command, SetPolicy)
-    stream = f"policy/{command.name}"
+    [stream] = _policy_stream(command)
     version = ctx.stream_version(stream) + 1
     parameters = validate_parameters(command.name, command.parameters)
     reason = Reason("policy_version_set", f"{command.name} policy version {version}",
@@ -153,6 +161,10 @@ HANDLERS: dict[str, Handler] = {
     "RegisterModel": handle_register_model,
     "SetPolicy": handle_set_policy,
 }
+# A policy change that promotes queued requests appends to their pools' and requests' streams
+# too: those are read when first used.
+STREAMS: dict[str, Streams] = {"RegisterModel": lambda command: [CATALOG_STREAM],
+                               "SetPolicy": _policy_stream}
 PRECHECKS: dict[str, Precheck] = {
     "SetPolicy": precheck_set_policy,
     "RegisterNode": precheck_register_node,

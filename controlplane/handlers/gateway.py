@@ -30,7 +30,7 @@ from controlplane.gateway.world import (
     sources_of,
     tenant_of,
 )
-from controlplane.handlers.base import Effect, Handler
+from controlplane.handlers.base import Effect, Handler, Reads, Streams
 from controlplane.policies.gateway import (
     DispatchRequest,
     NetworkPreference,
@@ -205,7 +205,24 @@ def handle_dispatch(command: CommandBase, ctx: DecisionContext) -> list[StreamAp
     return _admitted(command, ctx, policy, request_fingerprint, admission, causes)
 
 
+def _dispatch_streams(command: CommandBase) -> list[str]:
+    """The operation's stream (its budget's is known only from the tenant's row)."""
+    assert isinstance(command, Dispatch)
+    return [gw.operation_stream(command.tenant, command.idempotency_key)]
+
+
+def _dispatch_reads(command: CommandBase) -> list[tuple[str, str]]:
+    """The rows named by the request: its operation, tenant, principal and release pointer."""
+    assert isinstance(command, Dispatch)
+    return [(gw.OPERATIONS, gw.operation_key(command.tenant, command.idempotency_key)),
+            (gw.REGISTRIES["tenant"], command.tenant),
+            (gw.REGISTRIES["principal"], command.principal_id),
+            (gw.REGISTRIES["release-pointer"], command.pointer_name)]
+
+
 HANDLERS: dict[str, Handler] = {"Dispatch": handle_dispatch}
+STREAMS: dict[str, Streams] = {"Dispatch": _dispatch_streams}
+READS: dict[str, Reads] = {"Dispatch": _dispatch_reads}
 EFFECTS: dict[str, Effect] = {gw.OPERATION_DISPATCHING: execute_dispatch}
 OBSERVATIONS: set[str] = {gw.OPERATION_COMPLETED, gw.OPERATION_OUTCOME_UNKNOWN, gw.OPERATION_REFUSED,
                           gw.BUDGET_SETTLED, gw.BUDGET_RELEASED}

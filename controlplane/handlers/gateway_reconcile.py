@@ -15,7 +15,7 @@ from controlplane.commands.base import CommandBase
 from controlplane.commands.gateway import ReconcileOperation
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event
 from controlplane.gateway.world import budget_of
-from controlplane.handlers.base import Handler
+from controlplane.handlers.base import Handler, Reads, Streams
 from controlplane.handlers.gateway import seconds_between
 from controlplane.policies.gateway_budget import BudgetMovement, release, settle
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
@@ -103,4 +103,16 @@ def handle_reconcile_operation(command: CommandBase, ctx: DecisionContext) -> li
             append_to(gw.budget_stream(row["budget_id"]), ctx, budget_event)]
 
 
+def _streams(command: CommandBase) -> list[str]:
+    assert isinstance(command, ReconcileOperation)
+    return [gw.operation_stream(command.tenant, command.idempotency_key)]
+
+
+def _reads(command: CommandBase) -> list[tuple[str, str]]:
+    assert isinstance(command, ReconcileOperation)
+    return [(gw.OPERATIONS, gw.operation_key(command.tenant, command.idempotency_key))]
+
+
 HANDLERS: dict[str, Handler] = {"ReconcileOperation": handle_reconcile_operation}
+STREAMS: dict[str, Streams] = {"ReconcileOperation": _streams}
+READS: dict[str, Reads] = {"ReconcileOperation": _reads}

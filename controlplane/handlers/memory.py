@@ -11,17 +11,23 @@ from controlplane.decisions import (
     new_event,
     rejection,
 )
-from controlplane.handlers.base import Handler
+from controlplane.handlers.base import Handler, Streams
 from controlplane.policies.memory import DeploymentMemory, ModelMemory, assess_memory
 from controlplane.policies.reasons import PolicyInputError, to_plain
 from controlplane.state.memory import MEMORY_ASSESSED
 from events.model import StreamAppend
 
 
+def _streams(command: CommandBase) -> list[str]:
+    """The one stream an assessment appends to: its model's."""
+    assert isinstance(command, AssessMemory)
+    return [f"memory/{command.model_name}"]
+
+
 def handle_assess_memory(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     """Decide memory fit with the memory policy in force; the command's own fraction wins."""
     assert isinstance(command, AssessMemory)
-    stream_id = f"memory/{command.model_name}"
+    [stream_id] = _streams(command)
     policy = ctx.policies.in_force(ctx.state, "memory")
     deployment_fields = command.deployment.model_dump()
     if deployment_fields["usable_fraction"] is None:
@@ -45,3 +51,4 @@ def handle_assess_memory(command: CommandBase, ctx: DecisionContext) -> list[Str
 HANDLERS: dict[str, Handler] = {
     "AssessMemory": handle_assess_memory,
 }
+STREAMS: dict[str, Streams] = {"AssessMemory": _streams}

@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound, Operationa
 from controlplane.commands import command_adapter
 from controlplane.runtime import open_store
 from controlplane.service import accept, decide
-from controlplane.workloads import inventory, model, placement
+from controlplane.workloads import assessment, inventory, model, placement
 from events import database, driver
 from events.canonical import GENESIS_HASH
 from events.model import StatementFailed, StreamAppend
@@ -280,6 +280,25 @@ def test_a_one_command_placement_costs_four_round_trips_on_postgresql(
                 [outcome] = decide(store, [command_id])
             assert outcome.events[0].event_type == "ReplicaPlaced"
             assert _round_trips(trace.read_text()) == trips, replica
+    finally:
+        store.engine.dispose()
+
+
+def test_a_one_command_assessment_of_a_new_model_costs_four_round_trips_on_postgresql(
+        postgres_database: str, tmp_path: Path) -> None:
+    """As a placement: the new model's stream version goes with the lock, not alone after."""
+    reset_postgres(postgres_database)
+    store = open_store(postgres_database)
+    trace = tmp_path / "libpq-trace"
+    try:
+        decide(store, accept(store, [command_adapter.validate_python(assessment("a0", "m0"))]))
+        for name in ("m1", "m2"):
+            [command_id] = accept(store, [command_adapter.validate_python(
+                assessment(f"assess-{name}", name))])
+            with _checkouts_traced(store.engine, trace):
+                [outcome] = decide(store, [command_id])
+            assert outcome.events[0].event_type == "MemoryAssessed"
+            assert _round_trips(trace.read_text()) == 4, name
     finally:
         store.engine.dispose()
 
