@@ -51,7 +51,8 @@ def ready(replica_id: str, seconds: float = 2) -> Payload:
 
 
 def assessment(command_id: str, model_name: str, seconds: float = 1) -> Payload:
-    """An 8B model's memory fit on one 80 GiB GPU: a decision that reads no fleet state."""
+    """An 8B model's memory fit on one 80 GiB GPU: a decision that reads no fleet state
+    (only the memory policy)."""
     return {"type": "AssessMemory", "command_id": command_id, "at": at(seconds),
             "model_name": model_name,
             "model": {"parameters": 8_030_261_248, "weight_bits": 16, "layers": 32, "kv_heads": 8,

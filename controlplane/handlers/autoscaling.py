@@ -20,6 +20,7 @@ from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import PlaceReplica
 from controlplane.commands.traffic import ObserveLoad, seconds
 from controlplane.decisions import (
+    INBOX_STREAM,
     DecisionContext,
     append_to,
     decision_data,
@@ -111,16 +112,22 @@ def _state(pool: dict[str, Any], row: dict[str, Any]) -> ScaleState:
                       last_scale_at_seconds=row["last_scale_at_seconds"] or 0.0)
 
 
+def autoscaler_stream(pool_id: str) -> str:
+    """The stream of a pool's autoscaling decisions."""
+    return f"autoscaler/{pool_id}"
+
+
 def _streams(command: CommandBase) -> list[str]:
-    """The pool's autoscaler stream (the placements and releases it issues go to the inbox)."""
+    """The autoscaler's stream, and the inbox its scale-ups issue placements to (the replicas
+    a scale-down releases are found in the pool's row, so read while deciding)."""
     assert isinstance(command, ObserveLoad)
-    return [f"autoscaler/{command.pool_id}"]
+    return [autoscaler_stream(command.pool_id), INBOX_STREAM]
 
 
 def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     """Decide a replica target from token demand; place or release replicas to reach it."""
     assert isinstance(command, ObserveLoad)
-    [stream] = _streams(command)
+    stream = autoscaler_stream(command.pool_id)
     policy = ctx.policies.in_force(ctx.state, "autoscaling")
     parameters = policy.parameters
     now = seconds(command.at)

@@ -14,8 +14,9 @@
   is read when asked for, and a row named but not read costs one row of a query.
 - `STREAMS: dict[str, Streams]`: command type -> streams its decision appends to that the
   command neither names (`references`) nor creates (`creates`), their versions read ahead with
-  the batch's. Only a speed-up, as `READS`: a stream left out costs its own query (on
-  PostgreSQL a round trip under the append lock) the first time a process appends to it.
+  the batch's. Only a speed-up, as `READS`: a stream left out costs a query of its own (on
+  PostgreSQL a round trip under the append lock) in each transaction whose store does not
+  already know its version (a store knows them only while the log is where it left it).
 """
 
 from __future__ import annotations

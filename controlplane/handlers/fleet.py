@@ -113,16 +113,16 @@ def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[St
                       new_event(command, ctx, "decision", MODEL_REGISTERED, data))]
 
 
-def _policy_stream(command: CommandBase) -> list[str]:
-    assert isinstance(command, SetPolicy)
-    return [f"policy/{command.name}"]
+def policy_stream(name: str) -> str:
+    """The stream of a policy's versions."""
+    return f"policy/{name}"
 
 
 def handle_set_policy(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     """A new version of a policy; decisions after it record the version they used. A new
     admission version that grows pools' budgets promotes their queues in the same decision."""
     assert isinstance(command, SetPolicy)
-    [stream] = _policy_stream(command)
+    stream = policy_stream(command.name)
     version = ctx.stream_version(stream) + 1
     parameters = validate_parameters(command.name, command.parameters)
     reason = Reason("policy_version_set", f"{command.name} policy version {version}",
@@ -136,6 +136,11 @@ def handle_set_policy(command: CommandBase, ctx: DecisionContext) -> list[Stream
         in_force = ctx.policies.after_set(command.name, version, parameters)
         appends += promote_on_policy(command, ctx, in_force, decided.event_id)
     return appends
+
+
+def _set_policy_streams(command: CommandBase) -> list[str]:
+    assert isinstance(command, SetPolicy)
+    return [policy_stream(command.name)]
 
 
 def precheck_set_policy(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
@@ -163,8 +168,10 @@ HANDLERS: dict[str, Handler] = {
 }
 # A policy change that promotes queued requests appends to their pools' and requests' streams
 # too: those are read when first used.
-STREAMS: dict[str, Streams] = {"RegisterModel": lambda command: [CATALOG_STREAM],
-                               "SetPolicy": _policy_stream}
+STREAMS: dict[str, Streams] = {
+    "RegisterModel": lambda command: [CATALOG_STREAM],
+    "SetPolicy": _set_policy_streams,
+}
 PRECHECKS: dict[str, Precheck] = {
     "SetPolicy": precheck_set_policy,
     "RegisterNode": precheck_register_node,

@@ -104,11 +104,13 @@ def handle_reconcile_operation(command: CommandBase, ctx: DecisionContext) -> li
 
 
 def _streams(command: CommandBase) -> list[str]:
+    """The operation's stream (its budget's is known only from the operation's row)."""
     assert isinstance(command, ReconcileOperation)
     return [gw.operation_stream(command.tenant, command.idempotency_key)]
 
 
 def _reads(command: CommandBase) -> list[tuple[str, str]]:
+    """The operation's row."""
     assert isinstance(command, ReconcileOperation)
     return [(gw.OPERATIONS, gw.operation_key(command.tenant, command.idempotency_key))]
 

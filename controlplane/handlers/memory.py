@@ -18,16 +18,20 @@ from controlplane.state.memory import MEMORY_ASSESSED
 from events.model import StreamAppend
 
 
+def memory_stream(model_name: str) -> str:
+    """The stream of a model's memory assessments."""
+    return f"memory/{model_name}"
+
+
 def _streams(command: CommandBase) -> list[str]:
-    """The one stream an assessment appends to: its model's."""
     assert isinstance(command, AssessMemory)
-    return [f"memory/{command.model_name}"]
+    return [memory_stream(command.model_name)]
 
 
 def handle_assess_memory(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     """Decide memory fit with the memory policy in force; the command's own fraction wins."""
     assert isinstance(command, AssessMemory)
-    [stream_id] = _streams(command)
+    stream_id = memory_stream(command.model_name)
     policy = ctx.policies.in_force(ctx.state, "memory")
     deployment_fields = command.deployment.model_dump()
     if deployment_fields["usable_fraction"] is None:

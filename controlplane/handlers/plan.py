@@ -15,6 +15,7 @@ from typing import Any
 from controlplane.commands.base import CommandBase
 from controlplane.commands.plan import DecidePlanStage, PlanFleet, stage_command_ids
 from controlplane.decisions import (
+    INBOX_STREAM,
     DecisionContext,
     append_to,
     decision_data,
@@ -22,7 +23,7 @@ from controlplane.decisions import (
     new_event,
     rejection,
 )
-from controlplane.handlers.base import Handler, Precheck
+from controlplane.handlers.base import Handler, Precheck, Streams
 from controlplane.policies.fleet_plan import scenario_from_plain
 from controlplane.policies.fleet_plan_parse import parse_scenario_structure
 from controlplane.policies.fleet_plan_scenario import scenario_digest
@@ -148,10 +149,19 @@ def precheck_decide_plan_stage(command: CommandBase, state: StateView) -> list[t
     return [("type", "DecidePlanStage is issued by a plan's own decisions; submit PlanFleet")]
 
 
+def _stage_streams(command: CommandBase) -> list[str]:
+    """The plan's stream, and the inbox the next stage is issued to."""
+    assert isinstance(command, DecidePlanStage)
+    return [plan_stream(command.plan_id), INBOX_STREAM]
+
+
 HANDLERS: dict[str, Handler] = {
     "PlanFleet": handle_plan_fleet,
     "DecidePlanStage": handle_decide_plan_stage,
 }
+# A plan issues its first stage to the inbox (its own stream it creates, so it is named).
+STREAMS: dict[str, Streams] = {"PlanFleet": lambda command: [INBOX_STREAM],
+                               "DecidePlanStage": _stage_streams}
 PRECHECKS: dict[str, Precheck] = {
     "PlanFleet": precheck_plan_fleet,
     "DecidePlanStage": precheck_decide_plan_stage,

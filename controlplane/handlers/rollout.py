@@ -16,6 +16,7 @@ from typing import Any
 from controlplane.commands.base import CommandBase
 from controlplane.commands.rollout import EvaluateCanary, RecordCanaryMeasurement, StartRollout
 from controlplane.decisions import (
+    INBOX_STREAM,
     DecisionContext,
     append_to,
     decision_data,
@@ -23,7 +24,7 @@ from controlplane.decisions import (
     new_event,
     rejection,
 )
-from controlplane.handlers.base import Handler, Precheck
+from controlplane.handlers.base import Handler, Precheck, Streams
 from controlplane.policies.quantization import (
     QuantizationAction,
     QuantizationMeasurement,
@@ -238,3 +239,5 @@ HANDLERS: dict[str, Handler] = {
     "EvaluateCanary": handle_evaluate_canary,
 }
 PRECHECKS: dict[str, Precheck] = {"StartRollout": precheck_start_rollout}
+# A measurement issues its rollout's evaluation to the inbox.
+STREAMS: dict[str, Streams] = {"RecordCanaryMeasurement": lambda command: [INBOX_STREAM]}

@@ -9,6 +9,7 @@ versions are read once, before the handler is called, and never while it decides
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,11 +26,21 @@ from controlplane.gateway.fixture_provider import FIXTURE_DIR_ENV
 from controlplane.gateway.scenario import common_fixture, dispatch
 from controlplane.handlers import HANDLERS, Handler
 from controlplane.runtime import open_store
-from controlplane.service import accept, decide
-from controlplane.workloads import assessment, at, inventory, model, observe, placement
+from controlplane.service import accept, decide, pending_command_ids
+from controlplane.workloads import (
+    assessment,
+    at,
+    inventory,
+    measurement,
+    model,
+    observe,
+    placement,
+    rollout,
+)
 from events.model import StreamAppend
 from events.store import EventStore
 
+SCENARIOS = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
 VERSIONS_QUERY = "SELECT stream_id, max(stream_version) FROM events"
 ROWS_QUERY = "SELECT key, data FROM projections WHERE name = '"
 
@@ -68,12 +79,20 @@ def statements(store: EventStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[l
 
 def decided_alone(store: EventStore, command: CommandBase,
                   monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
-    """The deciding transaction's statements (from `BEGIN IMMEDIATE` to `COMMIT`), split where
-    the handler was called: those read ahead, and those run while deciding and appending."""
-    [command_id] = accept(store, [command])
+    """`command`, accepted by another process, decided by `store` alone: the deciding
+    transaction's statements, split where the handler was called (see `split_at_handler`)."""
+    submitter = open_store(store.engine.url.render_as_string(hide_password=False))
+    [command_id] = accept(submitter, [command])  # as `fleetctl submit` in another process
+    submitter.engine.dispose()
     with statements(store, monkeypatch) as seen:
         [outcome] = decide(store, [command_id])
     assert outcome.decided_now and outcome.events
+    return split_at_handler(seen)
+
+
+def split_at_handler(seen: list[str]) -> tuple[list[str], list[str]]:
+    """The deciding transaction's statements (from `BEGIN IMMEDIATE` to `COMMIT`), split where
+    the handler was called: those read ahead, and those run while deciding and appending."""
     begin = seen.index("BEGIN IMMEDIATE")
     handler = seen.index(HANDLER_STARTS, begin)
     return seen[begin:handler], seen[handler + 1:seen.index("COMMIT", handler)]
@@ -99,24 +118,54 @@ def rows_read(statements: list[str]) -> set[str]:
             if s.startswith(ROWS_QUERY) and " AND key IN (" in s}
 
 
-@pytest.mark.parametrize(("payload", "stream_id"), [
-    (assessment("assess-1", "never-assessed"), "memory/never-assessed"),
-    (observe("first-observation", "chat", 10, 2_000), "autoscaler/chat"),
-    (model("mistral-7b", "mistralai/Mistral-7B-v0.3"), "catalog"),
-    (memory_policy(), "policy/memory"),
+def assert_streams_read_ahead(ahead: list[str], deciding_: list[str],
+                              stream_ids: list[str]) -> None:
+    [versions] = versions_read(ahead)
+    for stream_id in stream_ids:
+        assert f"'{stream_id}'" in versions, stream_id
+    assert versions_read(deciding_) == []
+
+
+@pytest.mark.parametrize(("payload", "stream_ids"), [
+    (assessment("assess-1", "never-assessed"), ["memory/never-assessed"]),
+    (observe("first-observation", "chat", 10, 2_000), ["autoscaler/chat", "inbox"]),
+    (model("mistral-7b", "mistralai/Mistral-7B-v0.3"), ["catalog"]),
+    (memory_policy(), ["policy/memory"]),
+    (measurement("m1", "ro-1", "canary", 20), ["rollout/ro-1", "inbox"]),
+    ({"type": "PlanFleet", "command_id": "plan-1", "plan_id": "plan-1",
+      "scenario": json.loads((SCENARIOS / "default.json").read_text("utf-8"))},
+     ["plan/plan-1", "inbox"]),
 ], ids=lambda value: value["type"] if isinstance(value, dict) else "")
 def test_a_first_decision_on_a_stream_reads_its_version_with_the_batch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any],
-        stream_id: str) -> None:
-    """Decided by a process that has read nothing yet (a fresh work horse)."""
+        stream_ids: list[str]) -> None:
+    """Decided by a process that has read nothing yet (a fresh work horse); the scale-up, the
+    measurement and the plan each issue a command to the inbox."""
     store = fresh_process_store(tmp_path, [command_adapter.validate_python(p) for p in
-                                           [*inventory(2, 2), model(), placement("r1", "chat")]])
+                                           [*inventory(2, 2), model(), placement("r1", "chat"),
+                                            rollout("ro-1", "chat", 10)]])
     try:
         ahead, deciding_ = decided_alone(store, command_adapter.validate_python(payload),
                                          monkeypatch)
-        [versions] = versions_read(ahead)
-        assert f"'{stream_id}'" in versions
-        assert versions_read(deciding_) == []
+        assert_streams_read_ahead(ahead, deciding_, stream_ids)
+    finally:
+        store.engine.dispose()
+
+
+def test_a_plan_stage_reads_its_plan_and_the_inbox_version_with_the_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage is issued by its plan (never submitted): decided by a fresh process."""
+    plan = command_adapter.validate_python({
+        "type": "PlanFleet", "command_id": "plan-1", "plan_id": "plan-1",
+        "scenario": json.loads((SCENARIOS / "default.json").read_text("utf-8"))})
+    store = fresh_process_store(tmp_path, [plan])
+    try:
+        [stage] = pending_command_ids(store)
+        with statements(store, monkeypatch) as seen:
+            [outcome] = decide(store, [stage])
+        assert outcome.decided_now
+        ahead, deciding_ = split_at_handler(seen)
+        assert_streams_read_ahead(ahead, deciding_, ["plan/plan-1", "inbox"])
     finally:
         store.engine.dispose()
 
@@ -130,11 +179,12 @@ def test_a_dispatch_reads_its_operation_version_and_named_rows_with_the_batch(
     monkeypatch.setenv(FIXTURE_DIR_ENV, str(tmp_path / "provider"))
     store = fresh_process_store(tmp_path, common_fixture())
     try:
-        ahead, _ = decided_alone(store, dispatch("alice", "first-key"), monkeypatch)
+        ahead, deciding_ = decided_alone(store, dispatch("alice", "first-key"), monkeypatch)
         [versions] = versions_read(ahead)
         assert "'operation/acme/first-key'" in versions
-        assert {"gateway_operation", "gateway_tenant", "gateway_principal",
-                "gateway_pointer"} <= rows_read(ahead)
+        named = {"gateway_operation", "gateway_tenant", "gateway_principal", "gateway_pointer"}
+        assert named <= rows_read(ahead)
+        assert named.isdisjoint(rows_read(deciding_))
     finally:
         store.engine.dispose()
 
@@ -145,11 +195,11 @@ def test_a_reconciliation_reads_its_operation_version_and_row_with_the_batch(
     store = fresh_process_store(tmp_path, common_fixture())
     try:
         with pytest.MonkeyPatch.context() as monkeypatch:
-            ahead, _ = decided_alone(store, ReconcileOperation(
+            ahead, deciding_ = decided_alone(store, ReconcileOperation(
                 tenant="acme", idempotency_key="never-sent", resolution="not_processed",
                 evidence_ref="ticket-1"), monkeypatch)
-        [versions] = versions_read(ahead)
-        assert "'operation/acme/never-sent'" in versions
+        assert_streams_read_ahead(ahead, deciding_, ["operation/acme/never-sent"])
         assert "gateway_operation" in rows_read(ahead)
+        assert rows_read(deciding_) == set()
     finally:
         store.engine.dispose()
