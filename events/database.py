@@ -41,7 +41,8 @@ def is_sqlite(engine: Engine) -> bool:
 # Below this many events a sequential scan is as good as any plan.
 MIN_ROWS_FOR_STATISTICS = 1_000
 PG_ANALYZE_LOCK_KEY = 7_214_553_902  # one writer at a time analyses; the others go on
-_BELIEVED_ROWS = text("SELECT reltuples FROM pg_class WHERE oid = CAST('events' AS regclass)")
+_BELIEVED_ROWS_SQL = "SELECT reltuples FROM pg_class WHERE oid = CAST('events' AS regclass)"
+_BELIEVED_ROWS = text(_BELIEVED_ROWS_SQL)
 log = structlog.get_logger(__name__)
 
 
@@ -58,12 +59,27 @@ class PlannerStatistics:
     table another maintenance job has locked, with short lock and statement timeouts. It is
     only a speed-up, after the write committed: any failure is logged, never raised. SQLite's
     planner needs no statistics here.
+
+    A process learns the planner's count with its first write transaction's reads
+    (`count_with`), not on a connection of its own: every RQ work horse is a fresh process,
+    and opening a second connection to ask cost each job about as much as deciding 60 commands.
     """
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.enabled = engine.dialect.name == "postgresql"
         self._believed_rows: float | None = None  # the planner's count, as last read
+
+    def count_with(self, reads: driver.Reads) -> bool:
+        """Have `reads` (a write transaction's, sent with its lock) fetch the planner's count of
+        the log if this process has not learned it yet; whether it did."""
+        if not self.enabled or self._believed_rows is not None:
+            return False
+        reads.add(_BELIEVED_ROWS_SQL, then=self._counted)
+        return True
+
+    def _counted(self, rows: list[driver.Row]) -> None:
+        self._believed_rows = float(rows[0][0]) if rows and rows[0][0] is not None else -1.0
 
     def after_commit(self, log_size: int) -> None:
         if not self.enabled or log_size < MIN_ROWS_FOR_STATISTICS:

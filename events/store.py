@@ -165,6 +165,7 @@ class EventStore:
                 tx = self._at_head(conn, guess)
                 heads, found = driver.Reads(), list[driver.Row]()
                 heads.add(_LOCK_HEAD, then=found.extend)
+                self.statistics.count_with(heads)
                 tx.prefetch(*read_ahead, after=heads)
                 locked, head = time.perf_counter(), _one_head(found)
                 self._guessed_right = head == guess
@@ -178,7 +179,8 @@ class EventStore:
                 self._guessed_right = guess in (None, head)
             tx = self._at_head(conn, head)
             if read_ahead is not None:
-                tx.prefetch(*read_ahead)
+                count = driver.Reads()
+                tx.prefetch(*read_ahead, after=count if self.statistics.count_with(count) else None)
             return tx, locked
         except BaseException:
             if tx is not None:

@@ -7,8 +7,13 @@ the batch reads (a batch's commands, its streams' versions) would scan the whole
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy import text
 
+from controlplane.commands import command_adapter
+from controlplane.runtime import open_store
+from controlplane.service import accept, decide
+from controlplane.workloads import assessment
 from events import driver
 from events.database import MIN_ROWS_FOR_STATISTICS
 from events.model import StreamAppend
@@ -51,3 +56,24 @@ def test_a_write_commits_and_returns_when_statistics_cannot_be_taken(store: Even
                                  for i in range(MIN_ROWS_FOR_STATISTICS + 200)])
         assert store.head()[0] == recorded[-1].position >= MIN_ROWS_FOR_STATISTICS + 200
         holder.rollback()
+
+
+def test_a_fresh_process_learns_the_planners_count_without_a_connection_of_its_own(
+        store: EventStore) -> None:
+    """Every work horse is a fresh process: its first decision asks the planner's count with
+    the lock's reads, on its one connection, and opens no other (one did before: a connection
+    a job)."""
+    if store.engine.dialect.name != "postgresql":
+        pytest.skip("statistics are taken on PostgreSQL only")
+    store.append([StreamAppend(f"s/{i}", 0, [event("e", {"n": i}, f"c{i}")])
+                  for i in range(MIN_ROWS_FOR_STATISTICS + 200)])  # and analysed: counted
+    [command_id] = accept(store, [command_adapter.validate_python(assessment("a-1", "m1"))])
+    horse = open_store(store.engine.url.render_as_string(hide_password=False), migrate=False)
+    opened: list[object] = []
+    sqlalchemy_event.listen(horse.engine, "connect", lambda *_: opened.append(1))
+    try:
+        [outcome] = decide(horse, [command_id])
+        assert outcome.decided_now
+        assert len(opened) == 1
+    finally:
+        horse.engine.dispose()
