@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane.commands import CommandBase
 from controlplane.decisions import ACCEPTED, DecisionContext
-from controlplane.handlers import HANDLERS, READS, STREAMS
+from controlplane.handlers import HANDLERS, READS, STREAMS, WARMS
 from controlplane.policy_book import POLICY_MODELS, POLICY_PROJECTION, PolicyBook
 from controlplane.state.fold import PENDING, apply_event
 from events.model import ConcurrencyConflict, RecordedEvent
@@ -82,6 +82,9 @@ def decide_batch(store: EventStore, prepared: list[Prepared], policies: PolicyBo
     number of times.
     """
     ids = [p.command_id for p in prepared]
+    warms = {WARMS[t] for t in {p.command.command_type for p in prepared} if t in WARMS}
+    if warms and connection is not None:  # a fresh process's views, built before the lock
+        store.warm(connection, lambda state: [warm(state, policies) for warm in warms])
     read_ahead = ReadAhead(
         [key for p in prepared for key in _streams_hinted(p.command)],
         [*((PENDING, command_id) for command_id in ids), *POLICY_ROWS,

@@ -204,6 +204,12 @@ def cache_for(connection: Connection, head: tuple[int, str] | None = None) -> Pr
     return cache
 
 
+def views_unbuilt(engine: Engine) -> bool:
+    """Whether this process has built no view of `engine`'s database yet."""
+    cache = _CACHES.get(engine)
+    return cache is None or not cache.views
+
+
 def forget(engine: Engine) -> None:
     """Empty `engine`'s cache in place (the projections table is being rewritten)."""
     cache = _CACHES.get(engine)

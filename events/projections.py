@@ -135,9 +135,10 @@ class SqlProjections:
         """`shared`: use the process's shared cache; only the one `LogTransaction` of a write
         transaction holding the append lock may, passing the log `head` (position, hash) it
         read under the lock, or the head it expects to read there (`EventStore._locked`, which
-        drops the cache if the lock shows another). Any other (a reader, or a second one on a
-        writer's connection) has a cache of its own, so it can never rewind the shared one
-        mid-transaction."""
+        drops the cache if the lock shows another); and, reading only, `EventStore.warm` before
+        such a transaction, at the head it read before any row. Any other (a reader, or a
+        second one on a writer's connection) has a cache of its own, so it can never rewind the
+        shared one mid-transaction."""
         self.connection = connection
         self._pending: dict[tuple[str, str], Any] = {}
         self._shared = shared

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -14,6 +14,8 @@ from sqlalchemy.exc import NoResultFound
 from events import driver
 from events.database import PlannerStatistics, is_sqlite
 from events.model import RecordedEvent, StatementFailed, StreamAppend
+from events.projection_cache import views_unbuilt
+from events.projections import SqlProjections, StateView
 from events.rows import COLUMNS, EVENT_COLUMNS_SQL, events_by_command, from_row, to_recorded
 from events.tables import HEAD, events_table
 from events.transaction import LogTransaction, ReadAhead
@@ -68,6 +70,23 @@ class EventStore:
         failed transaction is retried on it)."""
         with self.engine.connect() as connection:
             yield connection
+
+    def warm(self, connection: Connection, build: Callable[[StateView], object]) -> None:
+        """Let `build` read (and so build the views it asks for) into this process's shared
+        projection cache, on `connection` before a write transaction takes the append lock,
+        when the process has built no view of this database yet (a fresh RQ work horse).
+
+        A fresh process built its views (the GPU index: every node row decoded) under the lock,
+        where every other worker waits; built here, the lock's transaction only revalidates
+        them: the stored texts compared, the rows changed since decoded. The cache is begun at
+        the head read before any row, so what `build` reads is the log at that head or later:
+        if the lock finds the same head, nothing was appended in between and the cache is
+        exact; if not, it is revalidated, as after any other process's append.
+        """
+        if not views_unbuilt(self.engine):
+            return
+        head = _one_head(driver.fetch(connection, _HEAD))
+        build(SqlProjections(connection, head=head, shared=True))
 
     @contextmanager
     def transaction(self, connection: Connection | None = None,

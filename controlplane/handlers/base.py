@@ -17,6 +17,9 @@
   the batch's. Only a speed-up, as `READS`: a stream left out costs a query of its own (on
   PostgreSQL a round trip under the append lock) in each transaction whose store does not
   already know its version (a store knows them only while the log is where it left it).
+- `WARMS: dict[str, Warm]`: command type -> reads that build the views its handler uses (the
+  GPU index), run before the append lock by a process that has built none yet
+  (`EventStore.warm`). Only a speed-up: the lock's transaction revalidates what they built.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Callable
 
 from controlplane.commands.base import CommandBase
 from controlplane.decisions import DecisionContext
+from controlplane.policy_book import PolicyBook
 from events.model import RecordedEvent, StreamAppend
 from events.projections import StateView
 from events.store import EventStore
@@ -34,3 +38,4 @@ Precheck = Callable[[CommandBase, StateView], list[tuple[str, str]]]
 Effect = Callable[[EventStore, RecordedEvent], None]
 Reads = Callable[[CommandBase], list[tuple[str, str]]]
 Streams = Callable[[CommandBase], list[str]]
+Warm = Callable[[StateView, PolicyBook], object]

@@ -14,7 +14,7 @@ from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import MarkReplicaReady, PlaceReplica, ReleaseReplica
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
 from controlplane.handlers.admission_promotion import promote_on_ready
-from controlplane.handlers.base import Handler, Reads
+from controlplane.handlers.base import Handler, Reads, Warm
 from controlplane.policies.memory import (
     DeploymentMemory,
     MemoryAssessment,
@@ -25,7 +25,7 @@ from controlplane.policies.memory import (
 from controlplane.policies.placement import GPU, Locality, PlacementRequest
 from controlplane.policies.placement_grouped import place_grouped
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
-from controlplane.policy_book import PolicyInForce
+from controlplane.policy_book import PolicyBook, PolicyInForce
 from controlplane.state.autoscaling import AUTOSCALER
 from controlplane.state.fleet import (
     GPUS_RELEASED,
@@ -99,7 +99,7 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
         return rejection(command, ctx, PolicyInputError(
             "unknown_model", "model_id", f"model {command.model_id} is not registered"), stream)
     policy = ctx.policies.in_force(ctx.state, "placement")
-    fleet = gpu_index(ctx.state, policy.parameters["usable_fraction"])
+    fleet = fleet_index(ctx.state, policy)
     try:
         tp, assessment, layout = _layout(model, command, fleet, policy)
         request = PlacementRequest(
@@ -228,5 +228,15 @@ def _replica_reads(command: CommandBase) -> list[tuple[str, str]]:
     return reads
 
 
+def fleet_index(state: StateView, policy: PolicyInForce) -> GpuIndex:
+    """The GPU index a placement decides on, under the placement policy's usable fraction."""
+    return gpu_index(state, policy.parameters["usable_fraction"])
+
+
+def _warm_fleet_index(state: StateView, policies: PolicyBook) -> None:
+    fleet_index(state, policies.in_force(state, "placement"))
+
+
+WARMS: dict[str, Warm] = {"PlaceReplica": _warm_fleet_index}
 READS: dict[str, Reads] = {"PlaceReplica": _replica_reads, "ReleaseReplica": _replica_reads,
                            "MarkReplicaReady": _replica_reads}

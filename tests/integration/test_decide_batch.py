@@ -13,6 +13,7 @@ from controlplane.commands import command_adapter
 from controlplane.runtime import open_store
 from controlplane.service import accept, decide
 from controlplane.workloads import inventory, model, placement
+from events.projection_cache import views_unbuilt
 from events.store import EventStore
 from events.transaction import LogTransaction, ReadAhead
 from tests.fleet_helpers import assert_replay_exact, decision
@@ -86,6 +87,28 @@ def test_a_batch_whose_store_committed_last_decides_on_what_another_process_appe
         assert_replay_exact(store)
     finally:
         other.engine.dispose()
+
+
+def test_a_fresh_process_decides_on_what_was_appended_after_it_built_its_gpu_index(
+        store: EventStore) -> None:
+    """A fresh process (a work horse) builds its GPU index before taking the append lock;
+    another process's placement committed in between is seen under the lock."""
+    decide(store, accepted(store, *inventory(1, 2), model()))
+    mine = accepted(store, placement("mine", "chat"))
+    theirs = accepted(store, placement("theirs", "chat", tensor_parallel_size=2))
+    horse = open_store(store.engine.url.render_as_string(hide_password=False), migrate=False)
+    built_before_lock: list[bool] = []
+    try:
+        interleaved = InterleavedStore(horse)
+        interleaved.before_lock = lambda: (built_before_lock.append(not views_unbuilt(horse.engine)),
+                                           decide(store, theirs))
+        decide(interleaved, mine)
+        assert built_before_lock == [True]
+        assert decision(store, theirs[0]).event_type == "ReplicaPlaced"
+        assert decision(store, mine[0]).event_type == "PlacementRefused"
+        assert_replay_exact(store)
+    finally:
+        horse.engine.dispose()
 
 
 def test_each_decision_is_logged_at_debug_level_and_only_counted_at_info(

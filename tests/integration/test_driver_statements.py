@@ -266,7 +266,8 @@ def test_a_one_command_placement_costs_four_round_trips_on_postgresql(
         postgres_database: str, tmp_path: Path) -> None:
     """BEGIN; the inbox read; the head lock with every row and version the decision reads
     (none read alone afterwards: not the policy, not a pool not seen before); the writes with
-    COMMIT. The process's first placement also reads every node row once, for its GPU index."""
+    COMMIT. The process's first placement also reads the head and every node row once, before
+    the lock, for its GPU index (`EventStore.warm`)."""
     reset_postgres(postgres_database)
     store = open_store(postgres_database)
     trace = tmp_path / "libpq-trace"
@@ -274,7 +275,7 @@ def test_a_one_command_placement_costs_four_round_trips_on_postgresql(
         decide(store, accept(store, [command_adapter.validate_python(p)
                                      for p in [*inventory(2, 2), model()]]))
         # "batch": a pool not seen yet
-        for replica, pool, trips in (("r1", "chat", 5), ("r2", "batch", 4), ("r3", "chat", 4)):
+        for replica, pool, trips in (("r1", "chat", 6), ("r2", "batch", 4), ("r3", "chat", 4)):
             [command_id] = accept(store, [command_adapter.validate_python(placement(replica, pool))])
             with _checkouts_traced(store.engine, trace):
                 [outcome] = decide(store, [command_id])

@@ -203,3 +203,24 @@ def test_a_reconciliation_reads_its_operation_version_and_row_with_the_batch(
         assert rows_read(deciding_) == set()
     finally:
         store.engine.dispose()
+
+
+def test_a_fresh_process_builds_its_gpu_index_before_taking_the_append_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every node row read and decoded for the index while other workers may still append,
+    not while they wait for the lock: under it, nothing having moved, no node row is read."""
+    store = fresh_process_store(tmp_path, [command_adapter.validate_python(p) for p in
+                                           [*inventory(2, 2), model()]])
+    try:
+        submitter = open_store(store.engine.url.render_as_string(hide_password=False))
+        [command_id] = accept(submitter, [command_adapter.validate_python(placement("r1", "chat"))])
+        submitter.engine.dispose()
+        with statements(store, monkeypatch) as seen:
+            [outcome] = decide(store, [command_id])
+        assert outcome.events[0].event_type == "ReplicaPlaced"
+        begin = seen.index("BEGIN IMMEDIATE")
+        node_table = f"{ROWS_QUERY}node'"
+        assert node_table in seen[:begin]
+        assert not any(s.startswith(ROWS_QUERY + "node'") for s in seen[begin:])
+    finally:
+        store.engine.dispose()
