@@ -78,8 +78,10 @@ def decide_batch(store: EventStore, prepared: list[Prepared], policies: PolicyBo
     """Decide and append the batch in one transaction holding the append lock (on `connection`,
     the one the batch was read on, when given: see `EventStore.transaction`).
 
-    A version conflict (another writer moved a stream) starts over with fresh state, a bounded
-    number of times.
+    A process that has built no view yet first builds, on `connection`, those its handlers
+    declare (`WARMS`: the GPU index), before the lock (see `EventStore.warm`). A version
+    conflict (another writer moved a stream) starts over with fresh state, a bounded number of
+    times.
     """
     ids = [p.command_id for p in prepared]
     warms = {WARMS[t] for t in {p.command.command_type for p in prepared} if t in WARMS}
