@@ -63,6 +63,7 @@ class PlannerStatistics:
     A process learns the planner's count with its first write transaction's reads
     (`count_with`), not on a connection of its own: every RQ work horse is a fresh process,
     and opening a second connection to ask cost each job about as much as deciding 60 commands.
+    That read can fail only with the transaction's own (it names no table the log lacks).
     """
 
     def __init__(self, engine: Engine) -> None:

@@ -12,7 +12,11 @@ untrusted before using anything, see `EventStore._locked`.)
 On a different head, rows are forgotten, but a projection that has views is revalidated before
 its first use instead: every stored row's text is read again and only the rows whose text
 differs from the text this cache holds (canonical JSON: equal text, equal value) are decoded
-and told to the views. A read-only transaction keeps a cache of its own for its lifetime.
+and told to the views. A read-only transaction keeps a cache of its own for its lifetime, but
+for one: a process that has built no view yet may build its views into this cache before it
+takes the lock (`EventStore.warm`), reading only, at the head it read before any row. What it
+reads is the log at that head or later, so it is trusted only if the lock finds that very
+head (nothing appended in between), and revalidated otherwise, as above.
 
 The cache mirrors the projections table: everything written to that table goes through
 `SqlProjections` or `drop_all`, both of which keep the cache in step.
@@ -75,7 +79,8 @@ class ProjectionCache:
             self.stale = set(self.views)
 
     def begin(self, connection: Connection, head: tuple[int, str] | None) -> None:
-        """Start a write transaction: trust the cache only if the log is where it was settled."""
+        """Start a write transaction (or a warm-up's reads, see the module's docstring): trust
+        the cache only if the log is where it was settled."""
         position, head_hash = head if head is not None else connection.execute(HEAD).one()
         if self.dirty or self.head != (position, head_hash):
             self._keep_only_viewed(stale=True)

@@ -86,7 +86,10 @@ class EventStore:
         if not views_unbuilt(self.engine):
             return
         head = _one_head(driver.fetch(connection, _HEAD))
-        build(SqlProjections(connection, head=head, shared=True))
+        projections = SqlProjections(connection, head=head, shared=True)
+        build(projections)
+        if projections.has_pending():  # it would be lost: only a write transaction writes
+            raise ValueError("a warm-up wrote projection rows; it may only read")
 
     @contextmanager
     def transaction(self, connection: Connection | None = None,

@@ -234,6 +234,8 @@ def fleet_index(state: StateView, policy: PolicyInForce) -> GpuIndex:
 
 
 def _warm_fleet_index(state: StateView, policies: PolicyBook) -> None:
+    """Built for every batch with a placement, even one the handler then rejects before
+    consulting it (an existing replica, an unknown model): the index is the process's to keep."""
     fleet_index(state, policies.in_force(state, "placement"))
 
 

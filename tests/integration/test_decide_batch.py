@@ -6,14 +6,17 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
+import pytest
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from controlplane.commands import command_adapter
 from controlplane.runtime import open_store
 from controlplane.service import accept, decide
+from controlplane.state.fleet import NODE
 from controlplane.workloads import inventory, model, placement
 from events.projection_cache import views_unbuilt
+from events.projections import SqlProjections
 from events.store import EventStore
 from events.transaction import LogTransaction, ReadAhead
 from tests.fleet_helpers import assert_replay_exact, decision
@@ -93,10 +96,7 @@ def test_a_fresh_process_decides_on_what_was_appended_after_it_built_its_gpu_ind
         store: EventStore) -> None:
     """A fresh process (a work horse) builds its GPU index before taking the append lock;
     another process's placement committed in between is seen under the lock."""
-    decide(store, accepted(store, *inventory(1, 2), model()))
-    mine = accepted(store, placement("mine", "chat"))
-    theirs = accepted(store, placement("theirs", "chat", tensor_parallel_size=2))
-    horse = open_store(store.engine.url.render_as_string(hide_password=False), migrate=False)
+    horse, mine, theirs = _horse_racing(store)
     built_before_lock: list[bool] = []
     try:
         interleaved = InterleavedStore(horse)
@@ -104,11 +104,76 @@ def test_a_fresh_process_decides_on_what_was_appended_after_it_built_its_gpu_ind
                                            decide(store, theirs))
         decide(interleaved, mine)
         assert built_before_lock == [True]
-        assert decision(store, theirs[0]).event_type == "ReplicaPlaced"
-        assert decision(store, mine[0]).event_type == "PlacementRefused"
-        assert_replay_exact(store)
+        _theirs_placed_mine_refused(store, mine, theirs)
     finally:
         horse.engine.dispose()
+
+
+def _horse_racing(store: EventStore) -> tuple[EventStore, list[str], list[str]]:
+    """A fresh process's store, and two placements on one node of two GPUs: the horse's own
+    (one GPU) and another process's (both), which the horse must see once it is committed."""
+    decide(store, accepted(store, *inventory(1, 2), model()))
+    mine = accepted(store, placement("mine", "chat"))
+    theirs = accepted(store, placement("theirs", "chat", tensor_parallel_size=2))
+    horse = open_store(store.engine.url.render_as_string(hide_password=False), migrate=False)
+    return horse, mine, theirs
+
+
+def _theirs_placed_mine_refused(store: EventStore, mine: list[str], theirs: list[str]) -> None:
+    assert decision(store, theirs[0]).event_type == "ReplicaPlaced"
+    assert decision(store, mine[0]).event_type == "PlacementRefused"
+    assert_replay_exact(store)
+
+
+def test_a_fresh_process_sees_what_was_appended_before_its_warm_up_read_the_head(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Committed after the horse read its inbox, before the warm-up began (on SQLite its read
+    transaction had already begun: the warm-up must read the head in it, not elsewhere)."""
+    horse, mine, theirs = _horse_racing(store)
+    warm = horse.warm
+
+    def after_another_commit(connection: Connection, build: Callable[[Any], object]) -> None:
+        decide(store, theirs)
+        warm(connection, build)
+
+    monkeypatch.setattr(horse, "warm", after_another_commit)
+    try:
+        decide(horse, mine)
+        _theirs_placed_mine_refused(store, mine, theirs)
+    finally:
+        horse.engine.dispose()
+
+
+def test_a_fresh_process_sees_what_was_appended_while_its_warm_up_read_the_nodes(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Committed just after the warm-up read the node table: the head it begins the cache at
+    must be the one read before the rows (on PostgreSQL the next statement sees the commit)."""
+    horse, mine, theirs = _horse_racing(store)
+    stored = SqlProjections._stored
+    fired: list[bool] = []
+
+    def then_another_commit(projections: SqlProjections, name: str) -> dict[str, str]:
+        rows = stored(projections, name)
+        if name == NODE and projections.connection.engine is horse.engine and not fired:
+            fired.append(True)
+            decide(store, theirs)
+        return rows
+
+    monkeypatch.setattr(SqlProjections, "_stored", then_another_commit)
+    try:
+        decide(horse, mine)
+        assert fired
+        _theirs_placed_mine_refused(store, mine, theirs)
+    finally:
+        horse.engine.dispose()
+
+
+def test_a_warm_up_that_writes_is_refused_and_nothing_is_stored(store: EventStore) -> None:
+    """Only a write transaction writes projection rows; a warm-up's would be lost."""
+    with store.reading() as connection, pytest.raises(ValueError, match="may only read"):
+        store.warm(connection, lambda state: state.put("things", "a", {"n": 1}))
+    with store.reading() as connection:
+        assert SqlProjections(connection).get("things", "a") is None
 
 
 def test_each_decision_is_logged_at_debug_level_and_only_counted_at_info(

@@ -41,6 +41,7 @@ from events.model import StreamAppend
 from events.store import EventStore
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "fixtures" / "scenarios"
+HEAD_QUERY = "SELECT position, hash FROM log_head WHERE id = 1"
 VERSIONS_QUERY = "SELECT stream_id, max(stream_version) FROM events"
 ROWS_QUERY = "SELECT key, data FROM projections WHERE name = '"
 
@@ -219,8 +220,8 @@ def test_a_fresh_process_builds_its_gpu_index_before_taking_the_append_lock(
             [outcome] = decide(store, [command_id])
         assert outcome.events[0].event_type == "ReplicaPlaced"
         begin = seen.index("BEGIN IMMEDIATE")
-        node_table = f"{ROWS_QUERY}node'"
-        assert node_table in seen[:begin]
+        node_table = seen.index(f"{ROWS_QUERY}node'")
+        assert seen.index(HEAD_QUERY) < node_table < begin  # the head first, then the rows
         assert not any(s.startswith(ROWS_QUERY + "node'") for s in seen[begin:])
     finally:
         store.engine.dispose()
