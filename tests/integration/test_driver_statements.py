@@ -276,11 +276,8 @@ def test_a_one_command_placement_costs_four_round_trips_on_postgresql(
                                      for p in [*inventory(2, 2), model()]]))
         # "batch": a pool not seen yet
         for replica, pool, trips in (("r1", "chat", 6), ("r2", "batch", 4), ("r3", "chat", 4)):
-            [command_id] = accept(store, [command_adapter.validate_python(placement(replica, pool))])
-            with _checkouts_traced(store.engine, trace):
-                [outcome] = decide(store, [command_id])
-            assert outcome.events[0].event_type == "ReplicaPlaced"
-            assert _round_trips(trace.read_text()) == trips, replica
+            assert _decided_alone(store, placement(replica, pool), trace) == (
+                "ReplicaPlaced", trips), replica
     finally:
         store.engine.dispose()
 
@@ -294,14 +291,19 @@ def test_a_one_command_assessment_of_a_new_model_costs_four_round_trips_on_postg
     try:
         decide(store, accept(store, [command_adapter.validate_python(assessment("a0", "m0"))]))
         for name in ("m1", "m2"):
-            [command_id] = accept(store, [command_adapter.validate_python(
-                assessment(f"assess-{name}", name))])
-            with _checkouts_traced(store.engine, trace):
-                [outcome] = decide(store, [command_id])
-            assert outcome.events[0].event_type == "MemoryAssessed"
-            assert _round_trips(trace.read_text()) == 4, name
+            assert _decided_alone(store, assessment(f"assess-{name}", name), trace) == (
+                "MemoryAssessed", 4), name
     finally:
         store.engine.dispose()
+
+
+def _decided_alone(store: EventStore, payload: dict[str, Any], trace: Path) -> tuple[str, int]:
+    """`payload` accepted, then decided alone: its first event's type, and the round trips the
+    decision cost (libpq's trace of every connection it used)."""
+    [command_id] = accept(store, [command_adapter.validate_python(payload)])
+    with _checkouts_traced(store.engine, trace):
+        [outcome] = decide(store, [command_id])
+    return outcome.events[0].event_type, _round_trips(trace.read_text())
 
 
 def test_a_store_guesses_the_head_only_while_it_keeps_finding_its_own(

@@ -78,13 +78,22 @@ def statements(store: EventStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[l
         event.remove(store.engine, "checkout", traced)
 
 
+def accepted_elsewhere(store: EventStore, command: CommandBase) -> str:
+    """`command` accepted into `store`'s log by another process (as `fleetctl submit` would
+    be), so `store` knows nothing of the inbox's new version; its id."""
+    submitter = open_store(store.engine.url.render_as_string(hide_password=False))
+    try:
+        [command_id] = accept(submitter, [command])
+    finally:
+        submitter.engine.dispose()
+    return command_id
+
+
 def decided_alone(store: EventStore, command: CommandBase,
                   monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
     """`command`, accepted by another process, decided by `store` alone: the deciding
     transaction's statements, split where the handler was called (see `split_at_handler`)."""
-    submitter = open_store(store.engine.url.render_as_string(hide_password=False))
-    [command_id] = accept(submitter, [command])  # as `fleetctl submit` in another process
-    submitter.engine.dispose()
+    command_id = accepted_elsewhere(store, command)
     with statements(store, monkeypatch) as seen:
         [outcome] = decide(store, [command_id])
     assert outcome.decided_now and outcome.events
@@ -213,9 +222,8 @@ def test_a_fresh_process_builds_its_gpu_index_before_taking_the_append_lock(
     store = fresh_process_store(tmp_path, [command_adapter.validate_python(p) for p in
                                            [*inventory(2, 2), model()]])
     try:
-        submitter = open_store(store.engine.url.render_as_string(hide_password=False))
-        [command_id] = accept(submitter, [command_adapter.validate_python(placement("r1", "chat"))])
-        submitter.engine.dispose()
+        command_id = accepted_elsewhere(
+            store, command_adapter.validate_python(placement("r1", "chat")))
         with statements(store, monkeypatch) as seen:
             [outcome] = decide(store, [command_id])
         assert outcome.events[0].event_type == "ReplicaPlaced"
