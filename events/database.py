@@ -123,7 +123,10 @@ def make_engine(url: str) -> Engine:
     else:
         # READ COMMITTED whatever the server's default: a decision reads its inbox, then takes
         # the head row's lock in the same transaction, and must see every commit made before it.
-        engine = create_engine(url, isolation_level="READ COMMITTED")
+        # psycopg prepares no statement of its own: its rollback would deallocate every
+        # statement of the session, the log's own too (`events.pg_wire` prepares those).
+        engine = create_engine(url, isolation_level="READ COMMITTED",
+                               connect_args={"prepare_threshold": None})
         _ping_when_idle(engine)
     _note_failed_statements(engine)
     return engine

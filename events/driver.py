@@ -6,8 +6,13 @@ SQLite itself answers in 4 us; a one-command decision runs ten of them. The stat
 are fixed SQL on the log's own tables, written once with `?` marks and an `{in}` slot for an
 IN list, and every value is bound by the driver, never formatted into the text.
 
+On SQLite they run on the driver's cursor; on PostgreSQL through libpq directly
+(`events.pg_wire`: psycopg's cursor cost more Python than the rest of a one-command decision's
+statements together), each batch in one round trip, each statement prepared once per connection.
+
 They run in the connection's transaction, begun through SQLAlchemy as its own statements would
-autobegin one (on SQLite `BEGIN`, or `BEGIN IMMEDIATE` for a writer, issued by `begin` below),
+autobegin one (on SQLite `BEGIN`, or `BEGIN IMMEDIATE` for a writer, issued by `begin` below;
+on PostgreSQL psycopg's `BEGIN`, sent with the transaction's first statements),
 so on SQLite the reads of one connection share a snapshot (PostgreSQL runs at READ COMMITTED:
 each statement sees what was committed before it), and the pool rolls back what a reader leaves. A
 driver error is raised as SQLAlchemy's matching exception (`OperationalError`,
@@ -27,6 +32,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
+from events import pg_wire
 from events.model import StatementFailed
 
 Row = tuple[Any, ...]
@@ -40,6 +46,9 @@ def _text(template: str, in_count: int, paramstyle: str) -> str:
         return sql
     if paramstyle in ("format", "pyformat"):
         return sql.replace("?", "%s")
+    if paramstyle == "numeric_dollar":  # libpq's own marks (`pg_wire`)
+        pieces = sql.split("?")
+        return "".join(f"{piece}${n}" for n, piece in enumerate(pieces[:-1], 1)) + pieces[-1]
     raise ValueError(f"driver parameter style {paramstyle!r} is not supported")
 
 
@@ -83,6 +92,10 @@ def _as_sqlalchemy_errors(connection: Connection, sql: str, parameters: Any,
     except Exception:  # not the database's (sqlite3 refusing an integer past 64 bits mid-batch)
         note_failure(connection)
         raise
+    except BaseException:  # an interrupt: a connection the statement had to close is dropped
+        if getattr(connection.connection.driver_connection, "closed", False) is True:
+            connection.invalidate()
+        raise
 
 
 def begin(connection: Connection, statement: str) -> None:
@@ -110,6 +123,8 @@ def _run(connection: Connection, template: str, parameters: Sequence[Any], in_co
          mode: str) -> Any:
     """Run the statement: `mode` "rows" returns its rows, "none" nothing, "many" runs it once per
     row of `parameters` (inside `pipeline`, "none" and "many" do not wait for the server)."""
+    if _wired(connection):
+        return _run_wired(connection, template, parameters, in_count, mode)
     sql = _text(template, in_count, connection.dialect.paramstyle)
     cursor = _begun(connection).cursor()
     try:
@@ -123,6 +138,63 @@ def _run(connection: Connection, template: str, parameters: Sequence[Any], in_co
         cursor.close()
 
 
+def _wired(connection: Connection) -> bool:
+    """Whether the connection's statements go through libpq directly (`events.pg_wire`):
+    PostgreSQL through psycopg, whose libpq has pipeline mode."""
+    return connection.dialect.driver == "psycopg" and _psycopg_pipelines()
+
+
+def _wire_statement(template: str, parameters: Sequence[Any], in_count: int,
+                    rows: bool) -> pg_wire.Statement:
+    """The statement in libpq's marks, its IN list (the last `in_count` parameters) padded to
+    a power of two by repeating its last value (the same rows match), so each template has a
+    few sizes and so a few prepared statements per connection, not one per length."""
+    if in_count > 1:
+        size = 1 << (in_count - 1).bit_length()
+        if size != in_count:
+            parameters = [*parameters, *[parameters[-1]] * (size - in_count)]
+            in_count = size
+    return _wire_text(template, in_count), parameters, rows
+
+
+@lru_cache(maxsize=4096)
+def _wire_text(template: str, in_count: int) -> bytes:
+    return _text(template, in_count, "numeric_dollar").encode()
+
+
+# Statements a `pipeline` block has queued on a wired connection, not yet sent.
+_QUEUED: WeakKeyDictionary[Any, list[pg_wire.Statement]] = WeakKeyDictionary()
+
+
+def _run_wired(connection: Connection, template: str, parameters: Sequence[Any], in_count: int,
+               mode: str) -> Any:
+    if mode == "many":
+        statements = [_wire_statement(template, row, 0, False) for row in parameters]
+    else:
+        statements = [_wire_statement(template, parameters, in_count, mode == "rows")]
+    queued = _QUEUED.get(_begun(connection))
+    if queued is not None and mode != "rows":
+        queued.extend(statements)
+        return None
+    answers = _pipelined(connection, statements, template, parameters)
+    return answers[-1] if mode == "rows" else None
+
+
+def _pipelined(connection: Connection, statements: list[pg_wire.Statement],
+               label: str = "(pipelined statements)", parameters: Any = ()) -> list[list[Row]]:
+    """Every statement of a wired connection goes to the server here, after those a `pipeline`
+    block holds (so they run in the order they were issued), in one round trip; returns the
+    rows of `statements`. An error is SQLAlchemy's, named `label` (a lone statement's SQL)."""
+    driver_connection = _begun(connection)
+    queued = _QUEUED.get(driver_connection)
+    held = 0
+    if queued:
+        held = len(queued)
+        statements, queued[:] = [*queued, *statements], []
+    with _as_sqlalchemy_errors(connection, label, parameters):
+        return pg_wire.run(driver_connection, statements)[held:]
+
+
 @lru_cache(maxsize=1)
 def _psycopg_pipelines() -> bool:
     """psycopg's pipeline mode needs libpq 14 or later (its binary wheel bundles one)."""
@@ -132,18 +204,22 @@ def _psycopg_pipelines() -> bool:
 
 def gathers(connection: Connection) -> bool:
     """Whether `Reads` and `pipeline` send their statements in one round trip on this
-    connection (PostgreSQL through psycopg's pipeline mode) rather than one by one."""
-    return hasattr(connection.connection.driver_connection, "pipeline") and _psycopg_pipelines()
+    connection (PostgreSQL, through libpq's pipeline mode) rather than one by one."""
+    return _wired(connection)
 
 
 @contextmanager
 def pipeline(connection: Connection, commit: bool = False) -> Iterator[None]:
     """Send the statements run inside (`execute`, `execute_many`) without waiting for each.
 
-    On PostgreSQL they go in one round trip (psycopg's pipeline mode, when its libpq has it),
-    and an error any of them meets is raised, as SQLAlchemy's exception, when the block ends
-    (or at a `fetch` inside it, named after that fetch's statement); the transaction has then
-    failed, as after any error. On SQLite, which has no round trips, each runs as it is issued.
+    On PostgreSQL they are held until the block ends and then go in one round trip (a `fetch`,
+    `Reads` or COPY inside the block sends them first, so everything runs in the order it was
+    issued); an error any of them meets is raised there, as SQLAlchemy's exception; the
+    transaction has then failed, as after any error. A block left by an exception sends
+    nothing it held, and marks the connection failed (`statement_failed`): a write transaction
+    that caught the exception still refuses to commit. Not for SQLAlchemy's own statements,
+    which would overtake what the block holds. On SQLite, which has no round trips, each runs
+    as it is issued.
 
     `commit`: where the statements are pipelined, the transaction's COMMIT goes last in the
     same round trip, so a block that ends without an error has committed (the caller's own
@@ -154,12 +230,19 @@ def pipeline(connection: Connection, commit: bool = False) -> Iterator[None]:
         yield
         return
     driver_connection = _begun(connection)
-    with _as_sqlalchemy_errors(connection, "(pipelined statements)", ()), \
-            driver_connection.pipeline():
+    if driver_connection in _QUEUED:
+        raise RuntimeError("driver.pipeline blocks do not nest")
+    queued = _QUEUED[driver_connection] = []
+    try:
         yield
-        if commit:
-            with driver_connection.cursor() as cursor:
-                cursor.execute("COMMIT", prepare=False)
+    except BaseException:
+        if queued:  # writes the caller issued are dropped: the transaction must not commit
+            note_failure(connection)
+        raise
+    else:
+        _pipelined(connection, [(pg_wire.COMMIT, (), False)] if commit else [])
+    finally:
+        del _QUEUED[driver_connection]
 
 
 # Fewer rows than this go with a transaction's other writes in its one pipelined round trip; a
@@ -193,10 +276,13 @@ def copy_rows(connection: Connection, table: str, columns: Sequence[str],
     """Load `rows` (values in `columns` order) into `table` with one COPY, in the connection's
     transaction; a constraint it breaks is SQLAlchemy's error, as for an INSERT.
 
-    `table` and `columns` are the caller's own names, never input. PostgreSQL only (`can_copy`),
-    and not inside `pipeline`: COPY cannot be pipelined.
+    `table` and `columns` are the caller's own names, never input. PostgreSQL only (`can_copy`).
+    Inside `pipeline`, what the block holds is sent first (a round trip): COPY is a round trip
+    of its own.
     """
     sql = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+    if _QUEUED.get(_begun(connection)):
+        _pipelined(connection, [])  # what a `pipeline` block holds runs first, in order
     cursor = _begun(connection).cursor()
     try:
         with _as_sqlalchemy_errors(connection, sql, (), cursor), cursor.copy(sql) as copy:
@@ -212,7 +298,7 @@ def copy_upsert(connection: Connection, table: str, columns: Sequence[str], conf
     is stored already replacing that row's other columns: COPY into a temporary staging table
     like `table`, then one INSERT ... ON CONFLICT from it that also empties it.
 
-    The rows' keys must be distinct. Only where `can_stage`; not inside `pipeline`. The
+    The rows' keys must be distinct. Only where `can_stage`. The
     staging table is the session's own and empty between transactions (truncated at commit:
     autovacuum never visits temporary tables, so deleted rows would stay in its pages).
     """
@@ -255,7 +341,7 @@ def execute_many(connection: Connection, template: str, rows: Sequence[Sequence[
 class Reads:
     """Queries gathered to run together, each one's rows handed to the function given with it.
 
-    On PostgreSQL they go in one round trip (psycopg's pipeline mode), on SQLite one after the
+    On PostgreSQL they go in one round trip (`events.pg_wire`), on SQLite one after the
     other. Each runs in the connection's transaction; an error any of them meets is raised as
     SQLAlchemy's exception and no function is called.
     """
@@ -271,30 +357,12 @@ class Reads:
     def run(self, connection: Connection) -> None:
         """Run every query gathered (then forget them), in order, and hand each its rows."""
         queries, self._queries = self._queries, []
-        if len(queries) < 2 or not gathers(connection):
+        if _wired(connection):
+            results = _pipelined(connection, [_wire_statement(template, parameters, in_count, True)
+                                              for template, parameters, in_count, _ in queries],
+                                 "(pipelined queries)")
+        else:
             results = [_run(connection, template, parameters, in_count, "rows")
                        for template, parameters, in_count, _ in queries]
-        else:
-            results = _pipelined(connection,
-                                 [(_text(template, in_count, connection.dialect.paramstyle),
-                                   parameters) for template, parameters, in_count, _ in queries])
         for (*_, then), rows in zip(queries, results, strict=True):
             then(rows)
-
-
-def _pipelined(connection: Connection,
-               statements: list[tuple[str, list[Any]]]) -> list[list[Row]]:
-    """The rows of each statement, all sent before any result is read: one round trip."""
-    driver_connection = _begun(connection)
-    cursors = []
-    try:
-        with _as_sqlalchemy_errors(connection, "(pipelined queries)", ()):
-            with driver_connection.pipeline():
-                for sql, parameters in statements:
-                    cursors.append(driver_connection.cursor())
-                    cursors[-1].execute(sql, parameters)
-            # The pipeline's end waited for every result: reading them costs no round trip.
-            return [cursor.fetchall() for cursor in cursors]
-    finally:
-        for cursor in cursors:
-            cursor.close()

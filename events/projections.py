@@ -211,7 +211,8 @@ class SqlProjections:
 
     def copy_pending(self) -> None:
         """Write a large batch's buffered upserts by COPY (PostgreSQL), ahead of
-        `write_pending`; not inside `driver.pipeline` (COPY cannot be pipelined)."""
+        `write_pending`, before the pipeline of the other writes (COPY is a round trip of
+        its own)."""
         puts = sum(1 for value in self._pending.values() if value is not _DELETED)
         if puts < driver.COPY_MIN_ROWS or not driver.can_stage(self.connection):
             return

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy import event as sqlalchemy_event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, NoResultFound, OperationalError
 
@@ -27,6 +24,7 @@ from events.tables import log_head_table
 from events.transaction import LogTransaction, ReadAhead
 from tests.conftest import reset_postgres
 from tests.factories import append_marker, event
+from tests.libpq_trace import checkouts_traced, protocol_trace, round_trips
 
 EVENT_IDS = "SELECT event_id FROM events WHERE stream_id = ? AND event_id IN ({in}) ORDER BY event_id"
 
@@ -209,10 +207,10 @@ def test_gathered_reads_cost_one_round_trip_on_postgresql(postgres_database: str
             rows: list[object] = []
             for value in range(4):
                 reads.add("SELECT ? + 1", value, then=rows.extend)
-            with _protocol_trace(conn.connection.driver_connection, trace):
+            with protocol_trace(conn.connection.driver_connection, trace):
                 reads.run(conn)
         assert rows == [(1,), (2,), (3,), (4,)]
-        assert _round_trips(trace.read_text()) == 1
+        assert round_trips(trace.read_text()) == 1
     finally:
         store.engine.dispose()
 
@@ -230,31 +228,31 @@ def test_a_transactions_read_ahead_costs_one_round_trip_on_postgresql(
         other = open_store(postgres_database)  # another process's view: nothing of it cached
         try:
             with other.transaction() as tx:
-                with _protocol_trace(tx.connection.connection.driver_connection, trace):
+                with protocol_trace(tx.connection.connection.driver_connection, trace):
                     tx.prefetch(["s/1", "s/2"], [("things", "a"), ("things", "b"), ("other", "c")])
                 assert tx.stream_version("s/1") == 1 and tx.projections.get("things", "a") == {"n": 1}
         finally:
             other.engine.dispose()
-        assert _round_trips(trace.read_text()) == 1
+        assert round_trips(trace.read_text()) == 1
     finally:
         store.engine.dispose()
 
 
-def test_a_write_transaction_costs_three_round_trips_on_postgresql(postgres_database: str,
-                                                                    tmp_path: Path) -> None:
-    """Where its store left the log: psycopg's BEGIN (always a round trip of its own); the
-    head's lock and the read-ahead; the rows, the head and COMMIT."""
+def test_a_write_transaction_costs_two_round_trips_on_postgresql(postgres_database: str,
+                                                                  tmp_path: Path) -> None:
+    """Where its store left the log: BEGIN with the head's lock and the read-ahead; the rows,
+    the head and COMMIT."""
     reset_postgres(postgres_database)
     store = open_store(postgres_database)
     trace = tmp_path / "libpq-trace"
     try:
         store.append([StreamAppend("s/1", 0, [event("a", {})])])
-        with _checkouts_traced(store.engine, trace):
+        with checkouts_traced(store.engine, trace):
             read_ahead = ReadAhead(["s/1", "s/2"], [("things", "a"), ("things", "b")])
             with store.transaction(read_ahead=read_ahead) as tx:
                 tx.append([StreamAppend("s/1", 1, [event("b", {})])], check_existing=False)
                 tx.projections.put("things", "a", {"n": 1})
-        assert _round_trips(trace.read_text()) == 3
+        assert round_trips(trace.read_text()) == 2
         assert store.head()[0] == 2
         with store.engine.connect() as conn:
             assert SqlProjections(conn).get("things", "a") == {"n": 1}
@@ -262,9 +260,9 @@ def test_a_write_transaction_costs_three_round_trips_on_postgresql(postgres_data
         store.engine.dispose()
 
 
-def test_a_one_command_placement_costs_four_round_trips_on_postgresql(
+def test_a_one_command_placement_costs_three_round_trips_on_postgresql(
         postgres_database: str, tmp_path: Path) -> None:
-    """BEGIN; the inbox read; the head lock with every row and version the decision reads
+    """BEGIN with the inbox read; the head lock with every row and version the decision reads
     (none read alone afterwards: not the policy, not a pool not seen before); the writes with
     COMMIT. The process's first placement also reads the head and every node row once, before
     the lock, for its GPU index (`EventStore.warm`)."""
@@ -275,14 +273,14 @@ def test_a_one_command_placement_costs_four_round_trips_on_postgresql(
         decide(store, accept(store, [command_adapter.validate_python(p)
                                      for p in [*inventory(2, 2), model()]]))
         # "batch": a pool not seen yet
-        for replica, pool, trips in (("r1", "chat", 6), ("r2", "batch", 4), ("r3", "chat", 4)):
+        for replica, pool, trips in (("r1", "chat", 5), ("r2", "batch", 3), ("r3", "chat", 3)):
             assert _decided_alone(store, placement(replica, pool), trace) == (
                 "ReplicaPlaced", trips), replica
     finally:
         store.engine.dispose()
 
 
-def test_a_one_command_assessment_of_a_new_model_costs_four_round_trips_on_postgresql(
+def test_a_one_command_assessment_of_a_new_model_costs_three_round_trips_on_postgresql(
         postgres_database: str, tmp_path: Path) -> None:
     """As a placement: the new model's stream version goes with the lock, not alone after."""
     reset_postgres(postgres_database)
@@ -292,7 +290,7 @@ def test_a_one_command_assessment_of_a_new_model_costs_four_round_trips_on_postg
         decide(store, accept(store, [command_adapter.validate_python(assessment("a0", "m0"))]))
         for name in ("m1", "m2"):
             assert _decided_alone(store, assessment(f"assess-{name}", name), trace) == (
-                "MemoryAssessed", 4), name
+                "MemoryAssessed", 3), name
     finally:
         store.engine.dispose()
 
@@ -301,9 +299,9 @@ def _decided_alone(store: EventStore, payload: dict[str, Any], trace: Path) -> t
     """`payload` accepted, then decided alone: its first event's type, and the round trips the
     decision cost (libpq's trace of every connection it used)."""
     [command_id] = accept(store, [command_adapter.validate_python(payload)])
-    with _checkouts_traced(store.engine, trace):
+    with checkouts_traced(store.engine, trace):
         [outcome] = decide(store, [command_id])
-    return outcome.events[0].event_type, _round_trips(trace.read_text())
+    return outcome.events[0].event_type, round_trips(trace.read_text())
 
 
 def test_a_store_guesses_the_head_only_while_it_keeps_finding_its_own(
@@ -340,43 +338,6 @@ def test_a_store_guesses_the_head_only_while_it_keeps_finding_its_own(
     finally:
         store.engine.dispose()
         other.engine.dispose()
-
-
-@contextmanager
-def _checkouts_traced(engine: Engine, path: Path) -> Iterator[None]:
-    """libpq's trace of every connection `engine`'s pool hands out inside the block."""
-    traced: list[Any] = []
-    with path.open("w") as file:
-        def trace(dbapi_connection: Any, *_: Any) -> None:
-            dbapi_connection.pgconn.trace(file.fileno())
-            traced.append(dbapi_connection)
-
-        sqlalchemy_event.listen(engine, "checkout", trace)
-        try:
-            yield
-        finally:
-            sqlalchemy_event.remove(engine, "checkout", trace)
-            for dbapi_connection in traced:
-                dbapi_connection.pgconn.untrace()
-
-
-@contextmanager
-def _protocol_trace(driver_connection: Any, path: Path) -> Iterator[None]:
-    """libpq's trace of the messages the connection sends and receives inside the block."""
-    with path.open("w") as file:
-        driver_connection.pgconn.trace(file.fileno())
-        try:
-            yield
-        finally:
-            driver_connection.pgconn.untrace()
-
-
-def _round_trips(trace: str) -> int:
-    """How many times the client sent after having received: one per round trip."""
-    directions = [line.split("\t")[1] for line in trace.splitlines() if "\t" in line]
-    return sum(1 for before, now in zip(["B", *directions], directions, strict=False)
-               if before == "B" and now == "F")
-
 
 
 def test_a_connection_lost_under_a_driver_statement_is_invalidated_and_the_store_goes_on(

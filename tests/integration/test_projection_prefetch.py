@@ -28,15 +28,9 @@ def test_prefetched_rows_read_as_without_prefetch_and_cost_no_query_each(
     def count(*args: Any) -> None:
         statements.append(str(args[2]))
 
-    run_on_driver = driver._run
-
-    def count_driver(connection: Any, template: str, *args: Any, **kwargs: Any) -> Any:
-        statements.append(template)
-        return run_on_driver(connection, template, *args, **kwargs)
-
-    # Statements through SQLAlchemy and on the driver's cursor (`events.driver`) alike.
+    # Statements through SQLAlchemy and on the driver (`events.driver`) alike.
     event.listen(store.engine, "before_cursor_execute", count)
-    monkeypatch.setattr(driver, "_run", count_driver)
+    _count_driver_statements(monkeypatch, statements)
     try:
         with store.transaction() as tx:
             tx.projections.put("things", "b", {"n": 20})  # this transaction's write wins
@@ -70,15 +64,8 @@ def test_versions_and_rows_read_ahead_together_answer_as_without_and_need_no_lat
         store.engine.dispose()
         store = open_store(store.engine.url.render_as_string(hide_password=False))
         statements: list[str] = []
-        run_on_driver = driver._run
-
-        def count_driver(connection: Any, template: str, *args: Any, **kwargs: Any) -> Any:
-            statements.append(template)
-            return run_on_driver(connection, template, *args, **kwargs)
-
         with store.transaction() as tx:
-            monkeypatch.setattr(driver, "_run", count_driver)
-            monkeypatch.setattr(driver, "_pipelined", _counted(driver._pipelined, statements))
+            _count_driver_statements(monkeypatch, statements)
             tx.prefetch(streams, rows)
             ahead = len(statements)
             read = ([tx.stream_version(s) for s in streams],
@@ -90,8 +77,19 @@ def test_versions_and_rows_read_ahead_together_answer_as_without_and_need_no_lat
     assert ahead == 3 and len(statements) == ahead  # one query per projection and for versions
 
 
-def _counted(pipelined: Any, statements: list[str]) -> Any:
-    def count(connection: Any, sent: list[Any]) -> Any:
-        statements.extend(sql for sql, _ in sent)
-        return pipelined(connection, sent)
-    return count
+def _count_driver_statements(monkeypatch: pytest.MonkeyPatch, statements: list[str]) -> None:
+    """Note every statement the driver sends: on SQLite each is `_run` alone; on PostgreSQL
+    each goes to the server in one of `_pipelined`'s batches."""
+    run, pipelined = driver._run, driver._pipelined
+
+    def counted_run(connection: Any, template: str, *args: Any, **kwargs: Any) -> Any:
+        if not driver._wired(connection):
+            statements.append(template)
+        return run(connection, template, *args, **kwargs)
+
+    def counted_batch(connection: Any, sent: list[Any], *args: Any) -> Any:
+        statements.extend(sql.decode() for sql, *_ in sent)
+        return pipelined(connection, sent, *args)
+
+    monkeypatch.setattr(driver, "_run", counted_run)
+    monkeypatch.setattr(driver, "_pipelined", counted_batch)
