@@ -169,7 +169,7 @@ def run(connection: psycopg.Connection[Any], statements: Sequence[Statement]) ->
     except BaseException:
         _abandon(connection)
         raise
-    return _rows(session, statements, expected, answers, connection.info.encoding)
+    return _rows(session, statements, expected, answers, connection)
 
 
 def _abandon(connection: psycopg.Connection[Any]) -> None:
@@ -209,7 +209,8 @@ def _answers(pgconn: pq.abc.PGconn,
 
 
 def _rows(session: _Session, statements: Sequence[Statement], expected: list[Any],
-          answers: list[list[pq.abc.PGresult]], encoding: str) -> list[list[Row]]:
+          answers: list[list[pq.abc.PGresult]],
+          connection: psycopg.Connection[Any]) -> list[list[Row]]:
     rows: list[list[Row]] = [[] for _ in statements]
     failure: psycopg.Error | None = None
     transformer = session.transformer
@@ -219,7 +220,8 @@ def _rows(session: _Session, statements: Sequence[Statement], expected: list[Any
             if status == _ABORTED:
                 continue
             if status == _FAILED:
-                failure = failure or pg_errors.error_from_result(result, encoding=encoding)
+                failure = failure or pg_errors.error_from_result(
+                    result, encoding=connection.info.encoding)
                 if (what is not _BEGIN and type(what[0]) is int and what[1] is not None
                         and (result.error_field(_SQLSTATE) or b"")[:2] in _STALE_CLASSES):
                     # A prepared statement the server can no longer run (a plan a schema
