@@ -3,6 +3,10 @@ per connection, errors as the driver's, a broken batch never leaves a connection
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +249,33 @@ def test_a_write_transaction_that_caught_a_pipeline_blocks_exception_commits_not
         except ValueError:
             pass
     assert pg_store.head()[0] == 0
+
+
+def test_a_batch_interrupted_while_the_server_works_drops_its_connection(
+        pg_store: EventStore) -> None:
+    """A real interrupt (a signal whose handler raises KeyboardInterrupt, as Ctrl-C does) while
+    the server runs a slow statement: psycopg cancels it, the connection is dropped rather
+    than trusted, and the store goes on with a new one."""
+    pid = _backend(pg_store)
+
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+    started = time.monotonic()
+    try:
+        with pg_store.engine.connect() as conn:
+            with pytest.raises(KeyboardInterrupt):
+                timer.start()
+                try:
+                    driver.fetch(conn, "SELECT pg_sleep(10)")
+                finally:
+                    timer.join()
+            assert conn.invalidated
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert time.monotonic() - started < 8  # cancelled, not waited out
+    pg_store.append([StreamAppend("s/1", 0, [event("a", {})])])
+    assert pg_store.head()[0] == 1
+    assert _backend(pg_store) != pid
