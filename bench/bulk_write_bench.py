@@ -9,7 +9,7 @@ FLEET_TEST_DATABASE_URL, else the local server; dropped after), it times writing
 transaction, the two ways the appender can, alternately, `--repeats` times each:
 
 - pipelined: the event rows by `executemany` and the projection rows by an upsert `executemany`,
-  in one psycopg pipeline (what a batch under 100 rows does);
+  in one libpq pipeline through `driver.pipeline` (what a batch under 100 rows does);
 - copied: `driver.copy_rows` for the events and `driver.copy_upsert` (a temporary staging table,
   then one INSERT ... ON CONFLICT) for the projection rows (what a larger batch does).
 
