@@ -35,7 +35,7 @@ from sqlalchemy.exc import DBAPIError, ProgrammingError
 from events import pg_wire
 from events.model import StatementFailed
 
-Row = tuple[Any, ...]
+Row = pg_wire.Row
 
 
 @lru_cache(maxsize=4096)
@@ -123,7 +123,7 @@ def _run(connection: Connection, template: str, parameters: Sequence[Any], in_co
          mode: str) -> Any:
     """Run the statement: `mode` "rows" returns its rows, "none" nothing, "many" runs it once per
     row of `parameters` (inside `pipeline`, "none" and "many" do not wait for the server)."""
-    if _wired(connection):
+    if gathers(connection):
         return _run_wired(connection, template, parameters, in_count, mode)
     sql = _text(template, in_count, connection.dialect.paramstyle)
     cursor = _begun(connection).cursor()
@@ -138,9 +138,10 @@ def _run(connection: Connection, template: str, parameters: Sequence[Any], in_co
         cursor.close()
 
 
-def _wired(connection: Connection) -> bool:
-    """Whether the connection's statements go through libpq directly (`events.pg_wire`):
-    PostgreSQL through psycopg, whose libpq has pipeline mode."""
+def gathers(connection: Connection) -> bool:
+    """Whether the connection's statements go through libpq directly (`events.pg_wire`:
+    PostgreSQL through psycopg, whose libpq has pipeline mode), so that `Reads` and `pipeline`
+    send theirs in one round trip rather than one by one."""
     return connection.dialect.driver == "psycopg" and _psycopg_pipelines()
 
 
@@ -200,12 +201,6 @@ def _psycopg_pipelines() -> bool:
     """psycopg's pipeline mode needs libpq 14 or later (its binary wheel bundles one)."""
     from psycopg import Pipeline
     return bool(Pipeline.is_supported())
-
-
-def gathers(connection: Connection) -> bool:
-    """Whether `Reads` and `pipeline` send their statements in one round trip on this
-    connection (PostgreSQL, through libpq's pipeline mode) rather than one by one."""
-    return _wired(connection)
 
 
 @contextmanager
@@ -357,7 +352,7 @@ class Reads:
     def run(self, connection: Connection) -> None:
         """Run every query gathered (then forget them), in order, and hand each its rows."""
         queries, self._queries = self._queries, []
-        if _wired(connection):
+        if gathers(connection):
             results = _pipelined(connection, [_wire_statement(template, parameters, in_count, True)
                                               for template, parameters, in_count, _ in queries],
                                  "(pipelined queries)")

@@ -10,8 +10,10 @@ import pytest
 from controlplane.gateway.fixture_provider import FIXTURE_DIR_ENV, FixtureProvider
 from controlplane.gateway.scenario import GatewayDriver, common_fixture
 from controlplane.replay import compare_with_live, verify_decisions
+from controlplane.runtime import open_store
 from controlplane.settings import Settings
 from events.store import EventStore
+from tests.conftest import reset_postgres
 
 
 @pytest.fixture
@@ -26,3 +28,12 @@ def gateway(store: EventStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     # Whatever a test did, the log re-derives every decision and rebuilds the same state.
     assert verify_decisions(store).drifts == []
     assert compare_with_live(store) == []
+
+
+@pytest.fixture
+def pg_store(postgres_database: str) -> Iterator[EventStore]:
+    """A store on an emptied PostgreSQL log (skipped without `FLEET_TEST_DATABASE_URL`)."""
+    reset_postgres(postgres_database)
+    store = open_store(postgres_database)
+    yield store
+    store.engine.dispose()

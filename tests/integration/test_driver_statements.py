@@ -216,83 +216,63 @@ def test_gathered_reads_cost_one_round_trip_on_postgresql(postgres_database: str
 
 
 def test_a_transactions_read_ahead_costs_one_round_trip_on_postgresql(
-        postgres_database: str, tmp_path: Path) -> None:
-    reset_postgres(postgres_database)
-    store = open_store(postgres_database)
+        pg_store: EventStore, postgres_database: str, tmp_path: Path) -> None:
     trace = tmp_path / "libpq-trace"
+    pg_store.append([StreamAppend("s/1", 0, [event("a", {})])])
+    with pg_store.transaction() as tx:
+        append_marker(tx)
+        tx.projections.put("things", "a", {"n": 1})
+    other = open_store(postgres_database)  # another process's view: nothing of it cached
     try:
-        store.append([StreamAppend("s/1", 0, [event("a", {})])])
-        with store.transaction() as tx:
-            append_marker(tx)
-            tx.projections.put("things", "a", {"n": 1})
-        other = open_store(postgres_database)  # another process's view: nothing of it cached
-        try:
-            with other.transaction() as tx:
-                with protocol_trace(tx.connection.connection.driver_connection, trace):
-                    tx.prefetch(["s/1", "s/2"], [("things", "a"), ("things", "b"), ("other", "c")])
-                assert tx.stream_version("s/1") == 1 and tx.projections.get("things", "a") == {"n": 1}
-        finally:
-            other.engine.dispose()
-        assert round_trips(trace.read_text()) == 1
+        with other.transaction() as tx:
+            with protocol_trace(tx.connection.connection.driver_connection, trace):
+                tx.prefetch(["s/1", "s/2"], [("things", "a"), ("things", "b"), ("other", "c")])
+            assert tx.stream_version("s/1") == 1 and tx.projections.get("things", "a") == {"n": 1}
     finally:
-        store.engine.dispose()
+        other.engine.dispose()
+    assert round_trips(trace.read_text()) == 1
 
 
-def test_a_write_transaction_costs_two_round_trips_on_postgresql(postgres_database: str,
+def test_a_write_transaction_costs_two_round_trips_on_postgresql(pg_store: EventStore,
                                                                   tmp_path: Path) -> None:
     """Where its store left the log: BEGIN with the head's lock and the read-ahead; the rows,
     the head and COMMIT."""
-    reset_postgres(postgres_database)
-    store = open_store(postgres_database)
     trace = tmp_path / "libpq-trace"
-    try:
-        store.append([StreamAppend("s/1", 0, [event("a", {})])])
-        with checkouts_traced(store.engine, trace):
-            read_ahead = ReadAhead(["s/1", "s/2"], [("things", "a"), ("things", "b")])
-            with store.transaction(read_ahead=read_ahead) as tx:
-                tx.append([StreamAppend("s/1", 1, [event("b", {})])], check_existing=False)
-                tx.projections.put("things", "a", {"n": 1})
-        assert round_trips(trace.read_text()) == 2
-        assert store.head()[0] == 2
-        with store.engine.connect() as conn:
-            assert SqlProjections(conn).get("things", "a") == {"n": 1}
-    finally:
-        store.engine.dispose()
+    pg_store.append([StreamAppend("s/1", 0, [event("a", {})])])
+    with checkouts_traced(pg_store.engine, trace):
+        read_ahead = ReadAhead(["s/1", "s/2"], [("things", "a"), ("things", "b")])
+        with pg_store.transaction(read_ahead=read_ahead) as tx:
+            tx.append([StreamAppend("s/1", 1, [event("b", {})])], check_existing=False)
+            tx.projections.put("things", "a", {"n": 1})
+    assert round_trips(trace.read_text()) == 2
+    assert pg_store.head()[0] == 2
+    with pg_store.engine.connect() as conn:
+        assert SqlProjections(conn).get("things", "a") == {"n": 1}
 
 
 def test_a_one_command_placement_costs_three_round_trips_on_postgresql(
-        postgres_database: str, tmp_path: Path) -> None:
+        pg_store: EventStore, tmp_path: Path) -> None:
     """BEGIN with the inbox read; the head lock with every row and version the decision reads
     (none read alone afterwards: not the policy, not a pool not seen before); the writes with
     COMMIT. The process's first placement also reads the head and every node row once, before
     the lock, for its GPU index (`EventStore.warm`)."""
-    reset_postgres(postgres_database)
-    store = open_store(postgres_database)
     trace = tmp_path / "libpq-trace"
-    try:
-        decide(store, accept(store, [command_adapter.validate_python(p)
-                                     for p in [*inventory(2, 2), model()]]))
-        # "batch": a pool not seen yet
-        for replica, pool, trips in (("r1", "chat", 5), ("r2", "batch", 3), ("r3", "chat", 3)):
-            assert _decided_alone(store, placement(replica, pool), trace) == (
-                "ReplicaPlaced", trips), replica
-    finally:
-        store.engine.dispose()
+    decide(pg_store, accept(pg_store, [command_adapter.validate_python(p)
+                                       for p in [*inventory(2, 2), model()]]))
+    # "batch": a pool not seen yet
+    for replica, pool, trips in (("r1", "chat", 5), ("r2", "batch", 3), ("r3", "chat", 3)):
+        assert _decided_alone(pg_store, placement(replica, pool), trace) == (
+            "ReplicaPlaced", trips), replica
 
 
 def test_a_one_command_assessment_of_a_new_model_costs_three_round_trips_on_postgresql(
-        postgres_database: str, tmp_path: Path) -> None:
+        pg_store: EventStore, tmp_path: Path) -> None:
     """As a placement: the new model's stream version goes with the lock, not alone after."""
-    reset_postgres(postgres_database)
-    store = open_store(postgres_database)
     trace = tmp_path / "libpq-trace"
-    try:
-        decide(store, accept(store, [command_adapter.validate_python(assessment("a0", "m0"))]))
-        for name in ("m1", "m2"):
-            assert _decided_alone(store, assessment(f"assess-{name}", name), trace) == (
-                "MemoryAssessed", 3), name
-    finally:
-        store.engine.dispose()
+    decide(pg_store, accept(pg_store, [command_adapter.validate_python(assessment("a0", "m0"))]))
+    for name in ("m1", "m2"):
+        assert _decided_alone(pg_store, assessment(f"assess-{name}", name), trace) == (
+            "MemoryAssessed", 3), name
 
 
 def _decided_alone(store: EventStore, payload: dict[str, Any], trace: Path) -> tuple[str, int]:
@@ -341,23 +321,20 @@ def test_a_store_guesses_the_head_only_while_it_keeps_finding_its_own(
 
 
 def test_a_connection_lost_under_a_driver_statement_is_invalidated_and_the_store_goes_on(
-        postgres_database: str) -> None:
-    reset_postgres(postgres_database)
-    store = open_store(postgres_database)
+        pg_store: EventStore, postgres_database: str) -> None:
     admin = create_engine(postgres_database, isolation_level="AUTOCOMMIT")
     try:
-        with store.engine.connect() as conn:
+        with pg_store.engine.connect() as conn:
             ((pid,),) = driver.fetch(conn, "SELECT pg_backend_pid()")
             with admin.connect() as killer:
                 killer.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
             with pytest.raises(DBAPIError) as lost:
                 driver.fetch(conn, "SELECT 1")
             assert lost.value.connection_invalidated and conn.invalidated
-        store.append([StreamAppend("s/1", 0, [event("a", {})])])  # a fresh connection
-        assert store.head()[0] == 1
+        pg_store.append([StreamAppend("s/1", 0, [event("a", {})])])  # a fresh connection
+        assert pg_store.head()[0] == 1
     finally:
         admin.dispose()
-        store.engine.dispose()
 
 
 def _pooled_connection_killed(store: EventStore, admin: Engine) -> int:
@@ -374,26 +351,23 @@ def _never_pinged(_dbapi_connection: Any) -> bool:
 
 
 def test_a_pooled_connection_the_server_closed_is_replaced_without_a_ping(
-        postgres_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        pg_store: EventStore, postgres_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not pinged (as if back from use a moment ago): what the server wrote as it closed the
     connection is enough."""
-    reset_postgres(postgres_database)
-    store = open_store(postgres_database)
-    monkeypatch.setattr(store.engine.dialect, "do_ping", _never_pinged)
+    monkeypatch.setattr(pg_store.engine.dialect, "do_ping", _never_pinged)
     monkeypatch.setattr(database, "PING_AFTER_IDLE_SECONDS", 3600.0)
     admin = create_engine(postgres_database, isolation_level="AUTOCOMMIT")
     try:
-        store.append([StreamAppend("s/1", 0, [event("a", {})])])
-        _pooled_connection_killed(store, admin)
-        store.append([StreamAppend("s/1", 1, [event("b", {})])])
-        assert [e.stream_version for e in store.read_stream("s/1")] == [1, 2]
-        killed = _pooled_connection_killed(store, admin)
-        with store.reading() as conn:
+        pg_store.append([StreamAppend("s/1", 0, [event("a", {})])])
+        _pooled_connection_killed(pg_store, admin)
+        pg_store.append([StreamAppend("s/1", 1, [event("b", {})])])
+        assert [e.stream_version for e in pg_store.read_stream("s/1")] == [1, 2]
+        killed = _pooled_connection_killed(pg_store, admin)
+        with pg_store.reading() as conn:
             ((pid,),) = driver.fetch(conn, "SELECT pg_backend_pid()")
         assert pid != killed
     finally:
         admin.dispose()
-        store.engine.dispose()
 
 
 def test_a_pooled_connection_idle_a_while_is_pinged(postgres_database: str,

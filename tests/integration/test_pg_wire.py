@@ -15,21 +15,11 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
-from controlplane.runtime import open_store
 from events import driver
 from events.model import StatementFailed, StreamAppend
 from events.store import EventStore
-from tests.conftest import reset_postgres
 from tests.factories import append_marker, event
 from tests.libpq_trace import protocol_trace, round_trips
-
-
-@pytest.fixture
-def pg_store(postgres_database: str) -> Any:
-    reset_postgres(postgres_database)
-    store = open_store(postgres_database)
-    yield store
-    store.engine.dispose()
 
 
 def _named_parses(trace: str) -> list[str]:

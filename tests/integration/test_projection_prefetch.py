@@ -83,7 +83,7 @@ def _count_driver_statements(monkeypatch: pytest.MonkeyPatch, statements: list[s
     run, pipelined = driver._run, driver._pipelined
 
     def counted_run(connection: Any, template: str, *args: Any, **kwargs: Any) -> Any:
-        if not driver._wired(connection):
+        if not driver.gathers(connection):
             statements.append(template)
         return run(connection, template, *args, **kwargs)
 
