@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -137,8 +136,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--commands", type=int, default=1_000)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--postgres-url", default=os.environ.get("FLEET_TEST_DATABASE_URL",
-                                                                 DEFAULT_POSTGRES_URL))
+    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
     parser.add_argument("--json", action="store_true")
     add_figures_argument(parser)
     args = parser.parse_args(argv)

@@ -31,7 +31,9 @@ from events.rows import COLUMNS, INSERT_EVENTS, row_values
 from events.store import EventStore
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+LOCAL_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+# The server the benchmarks use: the tests' one when set (an empty value counts as unset).
+DEFAULT_POSTGRES_URL = os.environ.get("FLEET_TEST_DATABASE_URL") or LOCAL_POSTGRES_URL
 
 
 class BenchSkipped(Exception):

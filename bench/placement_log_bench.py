@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -218,8 +217,7 @@ def main() -> None:
                         help="placements accepted by another process batch by batch")
     parser.add_argument("--pools", type=int, default=50, help="pools the replicas are spread over")
     parser.add_argument("--batch-size", type=int, default=200)
-    parser.add_argument("--postgres-url", default=os.environ.get("FLEET_TEST_DATABASE_URL",
-                                                                 DEFAULT_POSTGRES_URL),
+    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL,
                         help="a PostgreSQL server to run on too, in a database of its own "
                              "(default FLEET_TEST_DATABASE_URL, else the local server; skipped "
                              "when unreachable)")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
@@ -36,7 +35,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from redis import Redis  # noqa: E402
 
-from bench.common import BenchSkipped, format_table, postgres_database, reset_log  # noqa: E402
+from bench.common import (  # noqa: E402
+    DEFAULT_POSTGRES_URL,
+    BenchSkipped,
+    format_table,
+    postgres_database,
+    reset_log,
+)
 from controlplane.faults import (  # noqa: E402
     DATABASES,
     FAULT_KINDS,
@@ -51,7 +56,6 @@ from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.runtime import open_store  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 STATISTICS = re.compile(r"- (\d+) passing, (\d+) failing")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|error)")
 
@@ -149,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     configure_logging("ERROR")
-    admin_url = args.postgres_url or os.environ.get("FLEET_TEST_DATABASE_URL") or DEFAULT_POSTGRES_URL
+    admin_url = args.postgres_url or DEFAULT_POSTGRES_URL
     databases = list(args.only or DATABASES)
     runs: list[FaultRun] = []
     skipped: list[str] = []
