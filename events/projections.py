@@ -90,21 +90,32 @@ class MemoryProjections:
         self.tables: dict[str, dict[str, dict[str, Any]]] = {}
         self._views: dict[str, dict[Hashable, TableView]] = {}
 
+    # get, put and delete run for every event a replay folds: no throwaway dicts, no loop over
+    # an empty mapping of views.
     def get(self, name: str, key: str) -> dict[str, Any] | None:
-        return self.tables.get(name, {}).get(key)
+        table = self.tables.get(name)
+        return table.get(key) if table is not None else None
 
     def items(self, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
         yield from sorted(self.tables.get(name, {}).items())
 
     def put(self, name: str, key: str, value: dict[str, Any]) -> None:
-        self.tables.setdefault(name, {})[key] = value
-        for view in self._views.get(name, {}).values():
-            view.apply(key, value)
+        table = self.tables.get(name)
+        if table is None:
+            table = self.tables[name] = {}
+        table[key] = value
+        views = self._views.get(name)
+        if views:
+            for view in views.values():
+                view.apply(key, value)
 
     def delete(self, name: str, key: str) -> None:
-        if self.tables.get(name, {}).pop(key, None) is not None:
-            for view in self._views.get(name, {}).values():
-                view.apply(key, None)
+        table = self.tables.get(name)
+        if table is not None and table.pop(key, None) is not None:
+            views = self._views.get(name)
+            if views:
+                for view in views.values():
+                    view.apply(key, None)
 
     def view(self, name: str, view_id: Hashable, build: Callable[[], V]) -> V:
         """See `table_view`: built from the rows on first use, then kept current."""
