@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane.commands import CommandBase
 from controlplane.decisions import ACCEPTED, DecisionContext
-from controlplane.handlers import HANDLERS, READS, STREAMS, WARMS
+from controlplane.handlers import READS, STREAMS, WARMS, decide_command
 from controlplane.policy_book import POLICY_MODELS, POLICY_PROJECTION, PolicyBook
 from controlplane.state.fold import PENDING, apply_event
 from events.model import ConcurrencyConflict, RecordedEvent
@@ -140,7 +140,7 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
         context = DecisionContext(tx.projections, tx.head_position, tx.stream_version, policies,
                                   item.accepted.event_id)
         # No event of this command exists (checked above): skip the look-up.
-        appended = tx.append(HANDLERS[item.command.command_type](item.command, context),
+        appended = tx.append(decide_command(item.command, context),
                              check_existing=False)
         for event in appended:
             apply_event(tx.projections, event)

@@ -105,6 +105,28 @@ def rejection(command: CommandBase, ctx: DecisionContext, error: PolicyInputErro
     return [append_to(stream_id, ctx, new_event(command, ctx, "rejected", REJECTED, data))]
 
 
+# What a handler can raise from its command and the state it read alone (a division that
+# underflowed, a non-finite number, a row missing a key): raised again on every retry and on
+# re-derivation, so the command is rejected instead. Anything else (the database, the network,
+# a version conflict) fails the batch, which is retried.
+DECISION_FAILURES: tuple[type[Exception], ...] = (ArithmeticError, ValueError, TypeError,
+                                                  LookupError, AttributeError)
+MAX_FAILURE_DETAIL = 500
+
+
+def failed_decision(command: CommandBase, ctx: DecisionContext,
+                    error: Exception) -> list[StreamAppend]:
+    """A command whose handler raised one of `DECISION_FAILURES`: rejected in the inbox, beside
+    its acceptance, naming the error, so the rest of its batch is decided and it is never
+    retried (resubmit it under a new id once its cause is fixed)."""
+    reason = Reason("decision_failed", "the decision could not be made from this command "
+                    "and the fleet's state", {"error": type(error).__name__,
+                                              "detail": str(error)[:MAX_FAILURE_DETAIL]})
+    data = decision_data(outcome="rejected", reasons=[reason], result={}, policy=None,
+                         inputs=command.payload(), ctx=ctx)
+    return [StreamAppend(INBOX_STREAM, None, [new_event(command, ctx, "rejected", REJECTED, data)])]
+
+
 def merge_appends(appends: list[StreamAppend], more: list[StreamAppend]) -> list[StreamAppend]:
     """Combine appends so each stream appears once, at the version first read."""
     merged: dict[str, StreamAppend] = {a.stream_id: a for a in appends}

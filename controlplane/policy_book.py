@@ -64,6 +64,10 @@ class AutoscalingParameters(PolicyParameters):
     def _bounds(self) -> AutoscalingParameters:
         if self.max_replicas < self.min_replicas:
             raise ValueError("max_replicas may not be below min_replicas")
+        service = self.service_tokens_per_second_per_replica
+        if not service * self.target_utilization > 0 or not service * self.queue_drain_seconds > 0:
+            raise ValueError("service_tokens_per_second_per_replica is too small: times "
+                             "target_utilization or queue_drain_seconds it is no tokens at all")
         return self
 
 

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane.commands import parse_command
 from controlplane.decisions import ACCEPTED, DecisionContext
-from controlplane.handlers import HANDLERS, OBSERVATIONS
+from controlplane.handlers import OBSERVATIONS, decide_command
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import apply_event
 from events.model import NewEvent, RecordedEvent, StreamAppend, derived_event_id
@@ -256,7 +256,7 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any],
     command = parse_command(payload)
     context = DecisionContext(state, first.position - 1, versions.before(group), policies,
                               accepted_id)
-    appends = HANDLERS[payload["type"]](command, context)
+    appends = decide_command(command, context)
     rederived = [{"stream_id": a.stream_id, "event_type": e.event_type, "data": e.data}
                  for a in appends for e in a.events]
     recorded = [{"stream_id": e.stream_id, "event_type": e.event_type, "data": e.data}

@@ -9,8 +9,20 @@ from __future__ import annotations
 
 import sys
 
+import structlog
+
+from controlplane.commands import CommandBase
+from controlplane.decisions import (
+    DECISION_FAILURES,
+    MAX_FAILURE_DETAIL,
+    DecisionContext,
+    failed_decision,
+)
 from controlplane.discovery import domain_modules
 from controlplane.handlers.base import Effect, Handler, Precheck, Reads, Streams, Warm
+from events.model import StreamAppend
+
+log = structlog.get_logger(__name__)
 
 _DOMAINS = domain_modules(sys.modules[__name__], "HANDLERS")
 HANDLERS: dict[str, Handler] = {name: handler for domain in _DOMAINS
@@ -28,5 +40,25 @@ WARMS: dict[str, Warm] = {name: warm for domain in _DOMAINS
 OBSERVATIONS: frozenset[str] = frozenset(kind for domain in _DOMAINS
                                          for kind in getattr(domain, "OBSERVATIONS", ()))
 
+
+
+def decide_command(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    """The command's decision by its handler; the one way both deciding and re-derivation
+    call handlers.
+
+    A handler that raises one of `DECISION_FAILURES` (a bug, or inputs its policy does not
+    guard against) gets its command rejected with `decision_failed` (`failed_decision`)
+    instead of failing, and rolling back, every other command of its batch on every retry.
+    """
+    try:
+        return HANDLERS[command.command_type](command, ctx)
+    except DECISION_FAILURES as error:
+        # No traceback: its locals would carry the command's inputs into the logs.
+        log.error("decision_failed", command_id=command.command_id,
+                  command_type=command.command_type, error=type(error).__name__,
+                  detail=str(error)[:MAX_FAILURE_DETAIL])
+        return failed_decision(command, ctx, error)
+
+
 __all__ = ["EFFECTS", "HANDLERS", "OBSERVATIONS", "PRECHECKS", "READS", "STREAMS", "WARMS",
-           "Effect", "Handler", "Precheck", "Reads", "Streams", "Warm"]
+           "Effect", "Handler", "Precheck", "Reads", "Streams", "Warm", "decide_command"]

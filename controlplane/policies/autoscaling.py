@@ -97,6 +97,13 @@ def _validate(observations: Sequence[ScaleObservation], state: ScaleState,
                 f"{name} must be finite and non-negative")
     require(policy.queue_drain_seconds > 0, "timing_window_invalid", "queue_drain_seconds",
             "queue_drain_seconds must be positive")
+    # Each is in range, yet the tokens a replica serves can still underflow to nothing.
+    require(service * utilization > 0, "service_rate_not_positive",
+            "service_tokens_per_second_per_replica",
+            "service rate times target_utilization must be a positive number")
+    require(service * policy.queue_drain_seconds > 0, "service_rate_not_positive",
+            "service_tokens_per_second_per_replica",
+            "service rate times queue_drain_seconds must be a positive number")
     for name in ("desired_replicas", "ready_replicas", "warming_replicas"):
         require(_count(getattr(state, name)) and getattr(state, name) >= 0,
                 "replica_count_negative", name, f"{name} must be a non-negative integer")

@@ -123,6 +123,10 @@ def _validate(baseline: ReleaseMeasurement, candidate: ReleaseMeasurement,
               requirements: ReleaseRequirements, gates: Sequence[GateEvidence]) -> None:
     _validate_measurement(baseline, "baseline")
     _validate_measurement(candidate, "candidate")
+    # Each is finite and positive, yet their ratio can still overflow (a baseline of 5e-324).
+    require(math.isfinite(candidate.output_tokens_per_second / baseline.output_tokens_per_second),
+            "relative_throughput_not_finite", "baseline.output_tokens_per_second",
+            "candidate throughput over baseline throughput must be a finite number")
     require(isinstance(requirements.min_sample_count, int) and requirements.min_sample_count > 0,
             "min_sample_count_not_positive", "min_sample_count",
             "the minimum sample count must be a positive integer")

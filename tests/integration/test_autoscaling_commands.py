@@ -11,6 +11,7 @@ import pytest
 from redis import Redis
 
 from controlplane.commands import command_adapter
+from controlplane.errors import SubmissionRejected
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import state_at, verify_decisions
 from controlplane.service import accept, pending_command_ids
@@ -152,3 +153,17 @@ def test_follow_up_placements_are_enqueued_and_worked_by_a_real_worker(
     assert pending_command_ids(store) == []
     assert sorted(pool(store)["warming"]) == ["chat-as1", "chat-as2"]
     assert_replay_exact(store)
+
+
+def test_a_service_rate_that_serves_no_tokens_at_target_utilisation_is_refused_at_submit(
+        store: EventStore) -> None:
+    """Each parameter in range, but their product underflows: the autoscaler would divide by 0."""
+    head = store.head()
+    with pytest.raises(SubmissionRejected) as refused:
+        run(store, {"type": "SetPolicy", "command_id": "tiny", "name": "autoscaling",
+                    "parameters": {"service_tokens_per_second_per_replica": 5e-324,
+                                   "target_utilization": 0.5}})
+    [problem] = refused.value.problems
+    assert problem.field == "parameters"
+    assert "service_tokens_per_second_per_replica" in problem.message
+    assert store.head() == head

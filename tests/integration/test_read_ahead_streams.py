@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from controlplane import deciding
 from controlplane.commands import CommandBase, command_adapter
 from controlplane.commands.gateway import ReconcileOperation
 from controlplane.decisions import DecisionContext
@@ -70,7 +69,7 @@ def statements(store: EventStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[l
         return called
 
     for name, handler in HANDLERS.items():
-        monkeypatch.setitem(deciding.HANDLERS, name, marked(handler))
+        monkeypatch.setitem(HANDLERS, name, marked(handler))
     event.listen(store.engine, "checkout", traced)
     try:
         yield seen

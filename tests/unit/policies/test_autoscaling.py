@@ -160,6 +160,10 @@ def test_an_overflowing_demand_ratio_is_capped_at_the_ceiling() -> None:
     ([observe(101, 0, 1)], ScaleState(1, 1, 0, 0), POLICY, "timestamp_seconds"),
     ([observe(1, 0, -1)], ScaleState(1, 1, 0, 0), POLICY, "arrival_tokens_per_second"),
     ([observe(1, 0, math.inf)], ScaleState(1, 1, 0, 0), POLICY, "arrival_tokens_per_second"),
+    # Each parameter in range, but a replica's tokens at target utilisation underflow to 0.
+    ([observe(1, 0, 1)], ScaleState(1, 1, 0, 0),
+     dataclasses.replace(POLICY, service_tokens_per_second_per_replica=5e-324,
+                         target_utilization=0.5), "service_tokens_per_second_per_replica"),
 ])
 def test_invalid_inputs_are_refused_naming_the_field(
         observations: list[ScaleObservation], state: ScaleState, policy: AutoscalingPolicy,

@@ -139,6 +139,9 @@ def test_missing_required_gate_evidence_holds_instead_of_promoting() -> None:
     (BASELINE, candidate(sample_count=-1), REQUIREMENTS, "candidate.sample_count"),
     (dataclasses.replace(BASELINE, output_tokens_per_second=0), CANDIDATE, REQUIREMENTS,
      "baseline.output_tokens_per_second"),
+    # Both positive and finite, but their ratio overflows to infinity.
+    (dataclasses.replace(BASELINE, output_tokens_per_second=5e-324), CANDIDATE, REQUIREMENTS,
+     "baseline.output_tokens_per_second"),
     (BASELINE, candidate(error_rate=math.nan), REQUIREMENTS, "candidate.error_rate"),
     (BASELINE, candidate(p95_tpot_seconds=-0.1), REQUIREMENTS, "candidate.p95_tpot_seconds"),
     (BASELINE, CANDIDATE, dataclasses.replace(REQUIREMENTS, min_sample_count=0),
