@@ -46,6 +46,7 @@ from controlplane.state.autoscaling import (
     empty_autoscaler,
     next_window,
     observation_key,
+    window_bucket_seconds,
 )
 from controlplane.state.fleet import POOL, REPLICA
 from events.model import StreamAppend
@@ -176,8 +177,10 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
 
 def _result(command: ObserveLoad, decision: ScaleDecision, state: ScaleState,
             parameters: dict[str, Any], window: list[dict[str, Any]]) -> dict[str, Any]:
-    keep_from = _keep_from(window, seconds(command.at), parameters["scale_down_stabilization_seconds"])
+    stabilization = parameters["scale_down_stabilization_seconds"]
+    keep_from = _keep_from(window, seconds(command.at), stabilization)
     limit = parameters["max_window_observations"]
+    bucket = window_bucket_seconds(stabilization, limit)
     return {"pool_id": command.pool_id, "action": decision.action.value,
             "target_replicas": decision.target_replicas,
             "calculated_demand_replicas": decision.calculated_demand_replicas,
@@ -186,7 +189,8 @@ def _result(command: ObserveLoad, decision: ScaleDecision, state: ScaleState,
             "desired_replicas_after": decision.target_replicas,
             "ready_replicas": state.ready_replicas, "warming_replicas": state.warming_replicas,
             "observations": _fresh(command), "window_keep_from_seconds": keep_from,
-            "window_limit": limit, "window_size_after": len(next_window(window, keep_from, limit))}
+            "window_limit": limit, "window_bucket_seconds": bucket,
+            "window_size_after": len(next_window(window, keep_from, limit, bucket))}
 
 
 HANDLERS: dict[str, Handler] = {"ObserveLoad": handle_observe_load}

@@ -8,6 +8,7 @@ undecided (they count toward desired capacity so a second scale-up does not repe
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from controlplane.decisions import REJECTED
@@ -37,13 +38,48 @@ def observation_key(observation: dict[str, Any]) -> tuple[float, int, float]:
             observation["arrival_tokens_per_second"])
 
 
-def next_window(window: list[dict[str, Any]], keep_from_seconds: float | None,
-                limit: int) -> list[dict[str, Any]]:
-    """The retained observations: none older than `keep_from_seconds`, at most `limit`, newest kept."""
+def window_bucket_seconds(stabilization_seconds: float, limit: int) -> float | None:
+    """The span of time a retained window merges its observations over once it holds more than
+    `limit`: the stabilisation window fits in about half of `limit` such spans."""
+    if limit < 4 or stabilization_seconds <= 0:
+        return None
+    return 2 * stabilization_seconds / (limit - 2)
+
+
+def next_window(window: list[dict[str, Any]], keep_from_seconds: float | None, limit: int,
+                bucket_seconds: float | None = None) -> list[dict[str, Any]]:
+    """The retained observations: none older than `keep_from_seconds`, at most `limit`.
+
+    Past `limit`, with `bucket_seconds` (`window_bucket_seconds`), the oldest observation and
+    the newest are kept as they are and those between are merged per span of `bucket_seconds`
+    (aligned on multiples of it): one observation stamped at the newest of the span's, with
+    the largest queued tokens and arrival rate among them. The oldest is what can prove a
+    later decision's stabilisation window covered: keeping only the newest `limit` had kept a
+    pool observed every second (256 kept, a 300 s window) from ever scaling down. A merged
+    observation hides no demand inside the window (demand only grows with either value), so a
+    scale-down may wait up to one span longer, never come sooner; a span entirely before the
+    window's start is dropped with everything older than the observation that covers it.
+    Without `bucket_seconds` (decisions recorded before it existed) the newest `limit` are kept.
+    """
     kept = sorted(window, key=observation_key)
     if keep_from_seconds is not None:
         kept = [o for o in kept if o["timestamp_seconds"] >= keep_from_seconds]
-    return kept[-limit:]
+    if len(kept) <= limit:
+        return kept
+    if bucket_seconds is None:
+        return kept[-limit:]
+    spans: dict[int, dict[str, Any]] = {}
+    for observation in kept[1:-1]:
+        span = math.floor(observation["timestamp_seconds"] / bucket_seconds)
+        earlier = spans.get(span)
+        spans[span] = observation if earlier is None else {
+            "timestamp_seconds": observation["timestamp_seconds"],
+            "queued_tokens": max(earlier["queued_tokens"], observation["queued_tokens"]),
+            "arrival_tokens_per_second": max(earlier["arrival_tokens_per_second"],
+                                             observation["arrival_tokens_per_second"])}
+    thinned = [*spans.values(), kept[-1]]
+    return [kept[0], *thinned[len(thinned) - (limit - 1):]] if len(thinned) >= limit \
+        else [kept[0], *thinned]
 
 
 def _row(state: StateStore, pool_id: str) -> dict[str, Any]:
@@ -60,7 +96,8 @@ def _scale_decided(state: StateStore, event: RecordedEvent) -> None:
         last_scale_event_id=event.event_id if result["action"] != "hold"
         else row["last_scale_event_id"],
         window=next_window(row["window"] + result["observations"],
-                           result["window_keep_from_seconds"], result["window_limit"]),
+                           result["window_keep_from_seconds"], result["window_limit"],
+                           result.get("window_bucket_seconds")),
         pending_placements=row["pending_placements"]
         + [placement["replica_id"] for placement in result["placements"]],
         replicas_issued=result["replicas_issued"])

@@ -167,3 +167,47 @@ def test_a_service_rate_that_serves_no_tokens_at_target_utilisation_is_refused_a
     assert problem.field == "parameters"
     assert "service_tokens_per_second_per_replica" in problem.message
     assert store.head() == head
+
+
+def every_second(command_id: str, last: int, arrivals: dict[int, float]) -> dict[str, Any]:
+    """An `ObserveLoad` at `last` with one observation per second for the ten seconds up to it
+    (arrival 50 tokens/s, one replica's demand, unless `arrivals` says otherwise)."""
+    return {"type": "ObserveLoad", "command_id": command_id, "pool_id": POOL, "at": at(last),
+            "observations": [{"observed_at": at(second), "queued_tokens": 0,
+                              "arrival_tokens_per_second": arrivals.get(second, 50.0)}
+                             for second in range(last - 9, last + 1)]}
+
+
+def scale_codes(store: EventStore, last_seconds: range) -> dict[int, str]:
+    return {last: decision(store, f"obs-{last}").data["reasons"][0]["code"]
+            for last in last_seconds}
+
+
+def test_a_pool_observed_more_often_than_its_window_holds_still_scales_down(
+        store: EventStore) -> None:
+    """60 observations fill the 60 s stabilisation window; 20 are kept. Keeping only the newest
+    20 never covered the window again, so the pool never scaled down."""
+    run(store, *fleet("r1", "r2", "r3", scale_down_stabilization_seconds=60.0,
+                      max_window_observations=20))
+    run(store, *(every_second(f"obs-{last}", last, {}) for last in range(10, 200, 10)))
+    codes = scale_codes(store, range(10, 200, 10))
+    assert {codes[last] for last in range(10, 70, 10)} == {"scale_down_window_incomplete"}
+    assert codes[70] == "scale_down_after_stable_window"
+    assert decision(store, "obs-70").data["result"]["target_replicas"] == 1
+    row = state_at(store).get("autoscaler", POOL)
+    assert row is not None and len(row["window"]) <= 20
+    assert_replay_exact(store)
+
+
+def test_a_peak_merged_into_the_kept_window_still_holds_the_scale_down_while_inside_it(
+        store: EventStore) -> None:
+    """A one-second spike to three replicas' demand at 35 s is merged with its neighbours in
+    the kept window (spans of 6.67 s: 34-39 s become one observation at 39 s), not forgotten:
+    no scale-down until that observation leaves the 60 s window."""
+    run(store, *fleet("r1", "r2", "r3", scale_down_stabilization_seconds=60.0,
+                      max_window_observations=20))
+    run(store, *(every_second(f"obs-{last}", last, {35: 300.0}) for last in range(10, 200, 10)))
+    codes = scale_codes(store, range(10, 200, 10))
+    assert {codes[last] for last in range(70, 100, 10)} == {"scale_down_demand_not_sustained"}
+    assert codes[100] == "scale_down_after_stable_window"
+    assert_replay_exact(store)
