@@ -41,6 +41,7 @@ from controlplane.handlers.admission_pool import (
 )
 from controlplane.handlers.base import Handler, Reads
 from controlplane.policies.admission import (
+    QUEUE_CLEARED,
     AdmissionAction,
     AdmissionDecision,
     AdmissionPolicy,
@@ -48,6 +49,7 @@ from controlplane.policies.admission import (
     AdmissionRequest,
     PoolState,
     decide_admission,
+    promote,
     release,
 )
 from controlplane.policies.admission_records import SETTLED, settled_record_expired
@@ -153,6 +155,9 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
     admission = ctx.state.get(ADMISSION, command.pool_id) or empty_pool_admission(command.pool_id)
     inputs = {"command": command.payload(), "pool": capacity.facts(),
               "admission": {"live_tokens": admission["live_tokens"], "queue": admission["queue"]}}
+    walked: tuple[AdmissionDecision, ...] = ()
+    walked_rows: dict[str, dict[str, Any]] = {}
+    live, queue = admission["live_tokens"], tuple(admission["queue"])
     if capacity.budget_tokens == 0:
         reason = Reason("no_ready_capacity", "the pool has no ready replica to reserve tokens on", {
             "request_tokens": request.maximum_live_tokens, "live_tokens": admission["live_tokens"],
@@ -160,24 +165,62 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
             "retry_with_new_id": True})
         decision = AdmissionDecision(command.request_id, AdmissionAction.SHED, 0, (reason,))
     else:
+        rules = admission_policy(policy, capacity.budget_tokens)
         try:
-            decision = decide_admission(
-                PoolState(admission["live_tokens"], tuple(admission["queue"])), request, now,
-                command.estimated_queue_seconds, admission_policy(policy, capacity.budget_tokens))
+            walked, walked_rows, (live, queue) = _walk_at_the_door(ctx, admission, now, rules)
+            decision = decide_admission(PoolState(live, queue), request, now,
+                                        command.estimated_queue_seconds, rules)
         except PolicyInputError as error:
             return rejection(command, ctx, error, f"request/{command.request_id}")
+    sequences = settled_sequences(admission)
+    followers = [request_event(command, ctx, f"promote/{d.request_id}", d,
+                                admission_record(walked_rows[d.request_id]).request,
+                                command.pool_id, now, policy, inputs, [], sequences)
+                 for d in walked]
     causes: list[str] = []
     if decision.action is AdmissionAction.SHED:
         causes = warming_placements(ctx.state, capacity)
         decision = _explained_shed(decision, capacity, policy, causes)
     event = request_event(command, ctx, "decision", decision, request, command.pool_id, now,
-                           policy, inputs, causes, settled_sequences(admission))
-    queue = list(admission["queue"])
+                           policy, inputs, causes, sequences)
+    after_queue = list(queue)
     if decision.action is AdmissionAction.QUEUE:
-        queue.append(command.request_id)
+        after_queue.append(command.request_id)
     return [append_to(f"request/{command.request_id}", ctx, event),
-            pool_event(command, ctx, admission, admission["live_tokens"] + decision.reserved_tokens,
-                       queue, [event], now, admission_policy(policy))]
+            *(append_to(f"request/{e.data['result']['request_id']}", ctx, e) for e in followers),
+            pool_event(command, ctx, admission, live + decision.reserved_tokens, after_queue,
+                       [*followers, event], now, admission_policy(policy))]
+
+
+def _walk_at_the_door(ctx: DecisionContext, admission: dict[str, Any], now: float,
+                      rules: AdmissionPolicy) -> tuple[tuple[AdmissionDecision, ...],
+                                                       dict[str, dict[str, Any]],
+                                                       tuple[int, tuple[str, ...]]]:
+    """Before a newcomer is judged, the queue's heads whose deadline passed (or that the token
+    bound now refuses) are shed, and the heads that then fit are admitted, FIFO: otherwise a
+    head that can no longer be served held every later request behind it, queued or shed as
+    `live_budget_and_queue_full`, until some release walked the queue. Returns those decisions,
+    the rows of the requests they decide, and the pool's (live tokens, queue) after them.
+
+    The head alone is read first: a head that is still waiting for tokens decides nothing.
+    """
+    live, queue = admission["live_tokens"], tuple(admission["queue"])
+    head = ctx.state.get(ADMISSION_REQUEST, queue[0]) if queue else None
+    if head is None or not _head_moves(admission_record(head), live, now, rules):
+        return (), {}, (live, queue)
+    rows = {rid: found for rid in queue
+            if (found := ctx.state.get(ADMISSION_REQUEST, rid)) is not None}
+    decisions, after = promote(PoolState(live, queue, tuple(admission_record(r) for r in rows.values())),
+                               now, rules, QUEUE_CLEARED)
+    return decisions, rows, (after.live_tokens, after.queue)
+
+
+def _head_moves(head: AdmissionRecord, live: int, now: float, rules: AdmissionPolicy) -> bool:
+    """Whether walking the queue would decide its head: shed (late, over the token bound) or
+    admitted (it fits)."""
+    tokens = head.request.maximum_live_tokens
+    return (now > head.request.deadline_at_seconds or tokens > rules.max_tokens_per_request
+            or live + tokens <= rules.max_live_tokens)
 
 
 def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:

@@ -240,6 +240,8 @@ def release(state: PoolState, request_id: str, now: float,
 
 # What a promotion says when the budget grew because capacity became ready.
 CAPACITY_READY = "new ready capacity admits the head of the queue"
+# ... and when a request at the door found heads ahead that could no longer be served.
+QUEUE_CLEARED = "the head of the queue fits once the requests ahead of it are settled"
 
 
 def promote(state: PoolState, now: float, policy: AdmissionPolicy, why: str = CAPACITY_READY,

@@ -96,7 +96,7 @@ def test_a_replica_becoming_ready_admits_the_queue_head_in_its_own_decision(
     run(store, place_replica("r2"))  # warming
     capacity["r2"] = decision(store, "place-r2").data["result"]["kv_capacity_tokens"]
     budget = capacity["r1"]
-    run(store, admit("fill", budget, second=1), admit("late", 10, second=2, deadline_second=3),
+    run(store, admit("fill", budget, second=1), admit("late", 10, second=2, deadline_second=6),
         admit("head", 200, second=3), admit("too-big", capacity["r2"], second=4),
         admit("small", 5, second=5))
     assert [decision(store, f"admit-{r}").data["outcome"]
@@ -293,3 +293,36 @@ def test_a_queued_request_over_a_lowered_token_bound_is_shed_when_the_queue_move
     assert row is not None and row["queue"] == [] and row["live_tokens"] == 100
     assert verify_decisions(store).drifts == []
     assert_replay_exact(store)
+
+
+def test_a_queued_head_past_its_deadline_is_shed_at_the_door_not_left_blocking_the_pool(
+        store: EventStore) -> None:
+    """A head larger than the whole budget waits for capacity until its deadline; after it,
+    the next arrival sheds it and the request behind it is admitted, then the newcomer. Before,
+    nothing walked the queue without a release, so every later request was shed as
+    `live_budget_and_queue_full` with the pool's budget unused."""
+    capacity = ready_pool(store, "r1", max_queued_requests=2)
+    budget = capacity["r1"]
+    run(store, admit("big", budget + 1, second=1, deadline_second=10),
+        admit("next", 10, second=2), admit("turned-away", 10, second=3))
+    assert [decision(store, f"admit-{r}").data["outcome"] for r in ("big", "next", "turned-away")] \
+        == ["queue", "queue", "shed"]
+    run(store, admit("later", 20, second=600))
+    events = [e for e in store.events_for_command("admit-later")
+              if e.event_type.startswith("Request")]
+    assert [(e.data["result"]["request_id"], e.event_type, reason(e)["code"]) for e in events] == [
+        ("later", "RequestAdmitted", "live_tokens_reserved"),
+        ("big", "RequestShed", "deadline_passed_in_queue"),
+        ("next", "RequestAdmitted", "promoted_from_queue")]
+    row = state_at(store).get("admission", POOL)
+    assert row is not None and (row["queue"], row["live_tokens"]) == ([], 30)
+    assert_replay_exact(store)
+
+
+def test_a_head_still_waiting_for_tokens_is_left_alone_by_a_newcomer(store: EventStore) -> None:
+    capacity = ready_pool(store, "r1", max_queued_requests=5)
+    run(store, admit("fill", capacity["r1"], second=1), admit("head", 10, second=2),
+        admit("newcomer", 5, second=3))
+    assert [e.event_type for e in store.events_for_command("admit-newcomer")] == [
+        "CommandAccepted", "RequestQueued", "PoolAdmissionChanged"]
+    assert state_at(store).get("admission", POOL)["queue"] == ["head", "newcomer"]
