@@ -158,7 +158,8 @@ def handle_record_measurement(command: CommandBase, ctx: DecisionContext) -> lis
     result = {"rollout_id": command.rollout_id, "measurement_id": command.command_id,
               "baseline": command.baseline.model_dump(mode="json"),
               "candidate": command.candidate.model_dump(mode="json"),
-              "gates": gates, "gates_in_force": in_force}
+              "gates": gates, "gates_in_force": in_force,
+              "stage": rollout["stage"], "canary_step": rollout["canary_step"]}
     reason = Reason("canary_evidence_recorded", "evidence recorded; evaluation issued", {
         "mode": command.candidate.mode, "warmed": command.candidate.warmed,
         "sample_count": command.candidate.sample_count, "stage": rollout["stage"],
@@ -175,6 +176,15 @@ def handle_record_measurement(command: CommandBase, ctx: DecisionContext) -> lis
                                 rollout_id=command.rollout_id, measurement_id=command.command_id)
     return [append_to(f"rollout/{command.rollout_id}", ctx, recorded),
             issue_command(command, ctx, evaluation, recorded.event_id)]
+
+
+def _rung_of(row: dict[str, Any]) -> tuple[str, int]:
+    """The rung a rollout is on, or a measurement was taken on: its stage and canary step."""
+    return row["stage"], row["canary_step"]
+
+
+def _rung(stage: str, canary_step: int) -> str:
+    return f"canary step {canary_step}" if stage == RolloutStage.CANARY.value else f"stage {stage}"
 
 
 def _measurement(spec: dict[str, Any]) -> ReleaseMeasurement:
@@ -198,6 +208,17 @@ def handle_evaluate_canary(command: CommandBase, ctx: DecisionContext) -> list[S
     if measurement["used_by_event_id"] is not None:
         return _refuse(command, ctx, "evidence_already_used", "measurement_id",
                        "this measurement already moved the rollout", command.rollout_id)
+    # Each canary rung is cleared by evidence measured on it: two measurements taken at 1% had
+    # widened the canary to 10% and then promoted it, nothing ever measured at 10%; evidence
+    # recorded in shadow could clear the first rung. (Before the canary, the evidence's mode
+    # is what counts; a measurement recorded before its rung was recorded with it is not
+    # checked.)
+    if measurement.get("stage") is not None and rollout["stage"] == RolloutStage.CANARY.value \
+            and _rung_of(measurement) != _rung_of(rollout):
+        return _refuse(command, ctx, "evidence_from_another_step", "measurement_id",
+                       f"this measurement was taken at {_rung(*_rung_of(measurement))}; the rollout is "
+                       f"now at {_rung(*_rung_of(rollout))}",
+                       command.rollout_id)
     requirements = rollout["requirements"]
     gates = [GateEvidence(name, gate["passed"], tuple(Reason(**r) for r in gate["reasons"]))
              for name, gate in sorted(measurement["gates_in_force"].items())]

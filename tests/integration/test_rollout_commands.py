@@ -113,7 +113,8 @@ def test_immature_evidence_holds_shadow_never_promotes_and_evidence_moves_the_la
         store: EventStore) -> None:
     run(store, *start(), measure("cold", "shadow", warmed=False))
     assert evaluation(store, "cold").data["reasons"][0]["code"] == "candidate_not_warmed"
-    run(store, measure("warm", "shadow"), measure("few", "shadow", sample_count=10))
+    run(store, measure("warm", "shadow"))
+    run(store, measure("few", "shadow", sample_count=10))
     held = evaluation(store, "few")
     assert (held.event_type, held.data["reasons"][0]["code"]) == ("RolloutHeld", "insufficient_samples")
     assert held.data["causes"] == [decision(store, "few").event_id, evaluation(store, "warm").event_id]
@@ -162,4 +163,36 @@ def test_a_passing_quantization_gate_lets_the_shadow_advance(store: EventStore) 
     advanced = evaluation(store, "m2")
     assert (advanced.event_type, advanced.data["result"]["to_stage"]) == ("RolloutAdvanced", "canary")
     assert rollout(store)["gates"]["quantization"]["passed"] is True
+    assert_replay_exact(store)
+
+
+def test_each_rung_is_cleared_only_by_evidence_measured_on_it(store: EventStore) -> None:
+    """Two measurements taken at 1% (one submission, both recorded before either is judged):
+    the first widens the canary to 10%; the second, measured at 1%, may not promote it."""
+    run(store, *start(), measure("m1", "shadow"), measure("m2", "shadow"))
+    assert (rollout(store)["stage"], rollout(store)["candidate_traffic_percent"]) == ("canary", 1.0)
+    run(store, measure("at-1", "canary"), measure("also-at-1", "canary"))
+    assert evaluation(store, "at-1").data["result"]["candidate_traffic_percent"] == 10.0
+    refused = evaluation(store, "also-at-1")
+    assert (refused.data["outcome"], refused.data["reasons"][0]["code"]) == (
+        "rejected", "evidence_from_another_step")
+    assert refused.data["reasons"][0]["facts"] == {"field": "measurement_id"}
+    assert "canary step 0" in refused.data["reasons"][0]["message"]
+    assert (rollout(store)["stage"], rollout(store)["candidate_traffic_percent"]) == ("canary", 10.0)
+    run(store, measure("at-10", "canary"))
+    assert evaluation(store, "at-10").event_type == "RolloutPromoted"
+    assert_replay_exact(store)
+
+
+def test_canary_evidence_taken_before_the_canary_cannot_clear_its_first_rung(
+        store: EventStore) -> None:
+    run(store, *start(), measure("m1", "shadow"))
+    run(store, measure("early", "canary"))  # taken in shadow, with no user traffic on it
+    assert evaluation(store, "early").data["reasons"][0]["code"] == "evidence_mode_mismatch"
+    run(store, measure("m2", "shadow"))
+    assert rollout(store)["stage"] == "canary"
+    run(store, {"type": "EvaluateCanary", "command_id": "reuse", "rollout_id": "ro1",
+                "measurement_id": "early"})
+    assert decision(store, "reuse").data["reasons"][0]["code"] == "evidence_from_another_step"
+    assert rollout(store)["candidate_traffic_percent"] == 1.0
     assert_replay_exact(store)
