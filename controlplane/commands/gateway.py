@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
 from controlplane.commands.base import (
     MAX_TOKENS,
@@ -122,7 +122,11 @@ class RestoreSource(_TenantCommand):
 
 
 class RegisterProfile(CommandBase):
-    """Register (or replace) a profile in the trusted registry."""
+    """Register (or replace) a profile in the trusted registry.
+
+    Its output maximum and input limit each leave at least one token of the context window to the
+    other, so some request can fit (the input limit defaults to the window minus one, spec §5.1).
+    """
 
     type: Literal["RegisterProfile"] = "RegisterProfile"
     profile_id: Name
@@ -140,6 +144,15 @@ class RegisterProfile(CommandBase):
     @classmethod
     def _no_repeats(cls, values: list[str]) -> list[str]:
         return _unique(values, "the list")
+
+    @field_validator("max_output_tokens", "input_limit_tokens")
+    @classmethod
+    def _within_context_window(cls, tokens: int | None, info: ValidationInfo) -> int | None:
+        window = info.data.get("context_window_tokens")  # absent when itself invalid
+        if tokens is not None and window is not None and tokens >= window:
+            raise ValueError(f"must be below context_window_tokens ({window}), leaving room for "
+                             "the rest of a request")
+        return tokens
 
     def creates(self) -> list[str]:
         return [f"profile/{self.profile_id}"]

@@ -34,8 +34,9 @@ def refs_of(items: list[dict[str, Any]]) -> tuple[SourceRef, ...]:
 
 
 def tenant_of(state: StateView, tenant_id: str) -> Tenant | None:
+    """The registered tenant, or None (also for a row without a budget, as older logs may hold)."""
     row = state.get(REGISTRIES["tenant"], tenant_id)
-    if row is None:
+    if row is None or "budget_id" not in row:
         return None
     allowed = row.get("allowed_capabilities")
     return Tenant(tenant_id, NetworkPolicy(row["network_policy"]), row["budget_id"],
@@ -122,7 +123,7 @@ def budget_access_of(state: StateView, budget_id: str) -> BudgetAccess | None:
 def tenants_drawing_on(state: StateView, budget_id: str) -> frozenset[str]:
     """The registered tenants attached to `budget_id`."""
     return frozenset(tenant_id for tenant_id, row in state.items(REGISTRIES["tenant"])
-                     if row["budget_id"] == budget_id)
+                     if row.get("budget_id") == budget_id)
 
 
 def gateway_view(state: StateView, tenant_id: str, principal_id: str, pointer_name: str) -> GatewayView:

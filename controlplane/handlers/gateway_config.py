@@ -2,7 +2,9 @@
 the release pointer and budgets.
 
 Each decision records the whole new record, so the projection copies it and explain shows it.
-A tenant may only change what it owns; a release bundle never changes; a pointer move with an
+A tenant may only change what it owns. Profiles, routes and release bundles (with their gate
+verdicts) serve every tenant, so only the operator (the default tenant) changes them, checked at
+submit and again at decision. A release bundle never changes; a pointer move with an
 `expected_version` is compare-and-set. A budget is changed only by the tenant that created it, and a
 tenant attaches to another tenant's budget only when that owner listed it in `shared_with` (the
 operator's budgets are open to every tenant); both are checked at submit and again at decision.
@@ -58,6 +60,15 @@ def _refuse(command: CommandBase, ctx: DecisionContext, code: str, field: str, m
     return rejection(command, ctx, PolicyInputError(code, field, message), stream)
 
 
+def _operator_problem(command: CommandBase, kind: str) -> PolicyInputError | None:
+    """Why `command` may not change the shared `kind` registry; None when the operator sends it."""
+    if command.tenant == OPERATOR_TENANT:
+        return None
+    return PolicyInputError("operator_only", "tenant",
+                            f"only the operator (tenant {OPERATOR_TENANT!r}) may change a {kind}; "
+                            "every tenant's requests are served under it")
+
+
 def _budget_problem(command: CommandBase, state: StateView) -> PolicyInputError | None:
     """Why `command` may not change, or attach its tenant to, the budget it names; None if it may."""
     if isinstance(command, ConfigureBudget):
@@ -104,8 +115,11 @@ def handle_register_tenant(command: CommandBase, ctx: DecisionContext) -> list[S
 
 def handle_set_network_policy(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, SetNetworkPolicy)
-    record = {**(_owned(ctx.state, "tenant", command.tenant) or {}),
-              "network_policy": command.network_policy}
+    existing = _owned(ctx.state, "tenant", command.tenant)
+    if existing is None:  # its registration was refused: there is no budget to keep
+        return _refuse(command, ctx, "tenant_not_registered", "tenant",
+                       "no such tenant; register it first", f"tenant/{command.tenant}")
+    record = {**existing, "network_policy": command.network_policy}
     return _record(command, ctx, "tenant", command.tenant, gw.NETWORK_POLICY_SET, record,
                    "network_policy_set", "tenant network policy set")
 
@@ -171,6 +185,9 @@ def handle_restore_source(command: CommandBase, ctx: DecisionContext) -> list[St
 
 def handle_register_profile(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, RegisterProfile)
+    problem = _operator_problem(command, "profile")
+    if problem is not None:
+        return rejection(command, ctx, problem, f"profile/{command.profile_id}")
     record = command.model_dump(mode="json", include={
         "profile_id", "model_id", "digest", "approved", "context_window_tokens",
         "max_output_tokens", "input_limit_tokens", "memory"})
@@ -182,6 +199,9 @@ def handle_register_profile(command: CommandBase, ctx: DecisionContext) -> list[
 
 def handle_configure_route(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, ConfigureRoute)
+    problem = _operator_problem(command, "route")
+    if problem is not None:
+        return rejection(command, ctx, problem, f"route/{command.route_id}")
     record = command.model_dump(mode="json", include={
         "route_id", "adapter_kind", "provider", "private", "approved", "ready", "pool", "gpu_plan",
         "prices", "economics"})
@@ -192,6 +212,9 @@ def handle_configure_route(command: CommandBase, ctx: DecisionContext) -> list[S
 
 def handle_create_release_bundle(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, CreateReleaseBundle)
+    problem = _operator_problem(command, "release bundle")
+    if problem is not None:
+        return rejection(command, ctx, problem, f"release/{command.release_id}")
     if ctx.state.get(gw.REGISTRIES["release"], command.release_id) is not None:
         return _refuse(command, ctx, "release_bundle_immutable", "release_id",
                        "a release bundle is never changed; create a new one",
@@ -251,6 +274,13 @@ def _precheck_owner(kind: str, field: str) -> Precheck:
     return check
 
 
+def _precheck_operator(kind: str) -> Precheck:
+    def check(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
+        problem = _operator_problem(command, kind)
+        return [(problem.field, problem.message)] if problem is not None else []
+    return check
+
+
 HANDLERS: dict[str, Handler] = {
     "RegisterTenant": handle_register_tenant,
     "SetNetworkPolicy": handle_set_network_policy,
@@ -274,4 +304,7 @@ PRECHECKS: dict[str, Precheck] = {
     "RevokeSource": _precheck_owner("source", "source_ref"),
     "RestoreSource": _precheck_owner("source", "source_ref"),
     "MoveReleasePointer": _precheck_owner("release-pointer", "pointer_name"),
+    "RegisterProfile": _precheck_operator("profile"),
+    "ConfigureRoute": _precheck_operator("route"),
+    "CreateReleaseBundle": _precheck_operator("release bundle"),
 }

@@ -3,7 +3,10 @@
 Only an operator or a reconciliation job with evidence (a provider-side lookup) moves an
 operation out of `unknown`, or out of `dispatching` once its lease has expired. It never calls a
 provider: "completed" imports the provider's answer and commits its usage; "not_processed" marks
-the operation failed and releases the grant. A settled operation cannot be reconciled again.
+the operation failed and releases the grant. A settled operation cannot be reconciled again, and
+evidence the log contradicts is refused: more output than the operation let the provider produce,
+or "not_processed" for an operation whose provider returned a result that only saving lost
+(`persist_failed`: the work was done, so its grant stays charged, spec §5.1 step 9).
 """
 
 from __future__ import annotations
@@ -39,6 +42,21 @@ def _inputs(command: ReconcileOperation) -> dict[str, Any]:
             "output_tokens": command.output_tokens, "note": command.note}
 
 
+def _contradiction(command: ReconcileOperation, row: dict[str, Any]) -> Reason | None:
+    """Why the operation's own record rules out the evidence `command` brings; None if nothing does."""
+    facts = {"operation_id": row["operation_id"], "state": row["state"],
+             "outcome_code": row.get("outcome_code")}
+    if command.resolution == "not_processed" and row.get("outcome_code") == "persist_failed":
+        return Reason("provider_returned_a_result", "the provider returned a result that only saving "
+                      "lost; the work was done and its grant stays charged", facts)
+    if command.output_tokens is not None and command.output_tokens > row["max_output_tokens"]:
+        return Reason("output_limit_exceeded", "the evidence reports more output than the operation "
+                      "allowed the provider to produce",
+                      {**facts, "output_tokens": command.output_tokens,
+                       "limit_tokens": row["max_output_tokens"]})
+    return None
+
+
 def _movement(command: ReconcileOperation, ctx: DecisionContext,
               row: dict[str, Any]) -> BudgetMovement:
     budget = budget_of(ctx.state, row["budget_id"])
@@ -66,6 +84,9 @@ def handle_reconcile_operation(command: CommandBase, ctx: DecisionContext) -> li
         return _refused(command, ctx, policy, Reason(
             "operation_in_progress", "the dispatch lease has not expired; its result may still come",
             {**facts, "since_dispatch_seconds": elapsed, "lease_seconds": lease}))
+    contradiction = _contradiction(command, row)
+    if contradiction is not None:
+        return _refused(command, ctx, policy, contradiction)
     try:
         movement = _movement(command, ctx, row)
     except PolicyInputError as error:
