@@ -17,7 +17,8 @@ class EventRow(SQLModel, table=True):
     )
 
     position: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
-    stream_id: str = Field(max_length=300)
+    # Unbounded: a stream id is as long as the ids a command may name (migration 0002).
+    stream_id: str = Field(sa_column=Column(Text, nullable=False))
     stream_version: int
     event_id: str = Field(max_length=36)
     event_type: str = Field(max_length=100)
@@ -50,7 +51,7 @@ class ProjectionRow(SQLModel, table=True):
     __tablename__ = "projections"
 
     name: str = Field(primary_key=True, max_length=100)
-    key: str = Field(primary_key=True, max_length=300)
+    key: str = Field(sa_column=Column(Text, primary_key=True))
     data: str = Field(sa_column=Column(Text, nullable=False))
 
 

@@ -196,3 +196,16 @@ def test_canary_evidence_taken_before_the_canary_cannot_clear_its_first_rung(
     assert decision(store, "reuse").data["reasons"][0]["code"] == "evidence_from_another_step"
     assert rollout(store)["candidate_traffic_percent"] == 1.0
     assert_replay_exact(store)
+
+
+def test_the_longest_ids_commands_accept_are_stored_on_every_database(store: EventStore) -> None:
+    """A rollout id of 200 characters and a measurement id of 100 make a projection key of 301
+    (`rollout/measurement`): PostgreSQL's 300-character column refused the batch's write, on
+    every retry, leaving every command batched with it undecided."""
+    rollout_id, measurement_id = "r" * 200, "m" * 100
+    *fleet, opening = start(rollout_id)
+    run(store, *fleet, {**opening, "command_id": "start-long"},
+        measure(measurement_id, "shadow", rollout_id=rollout_id))
+    assert decision(store, measurement_id).event_type == "CanaryMeasurementRecorded"
+    assert rollout(store, rollout_id)["stage"] == "shadow"
+    assert_replay_exact(store)
