@@ -13,6 +13,7 @@ Every consequence is caused by (`causes`, `causation_id`) the `ScaleDecided` eve
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -146,9 +147,13 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
     reasons = list(decision.reasons)
     to_add = max(0, decision.target_replicas - state.desired_replicas)
     if to_add and row["replica_template"] is None:
+        # Nothing can be placed, so nothing scales: a hold, which starts no cooldown (recorded
+        # as a scale-up it had delayed the first real one by the whole cooldown).
         reasons.append(Reason("no_replica_template", "the pool has no placed replica to copy",
                               {"missing_replicas": to_add}))
         to_add = 0
+        decision = dataclasses.replace(decision, action=ScaleAction.HOLD,
+                                       target_replicas=state.desired_replicas)
     children, issued = _placements(command, ctx, row, to_add)
     victims = [] if decision.action is not ScaleAction.SCALE_DOWN else \
         _scale_down_order(pool, row)[:state.desired_replicas - decision.target_replicas]

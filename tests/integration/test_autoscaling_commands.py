@@ -211,3 +211,26 @@ def test_a_peak_merged_into_the_kept_window_still_holds_the_scale_down_while_ins
     assert {codes[last] for last in range(70, 100, 10)} == {"scale_down_demand_not_sustained"}
     assert codes[100] == "scale_down_after_stable_window"
     assert_replay_exact(store)
+
+
+def test_a_scale_up_with_no_replica_to_copy_is_a_hold_that_starts_no_cooldown(
+        store: EventStore) -> None:
+    """The pool's first placement is refused (no node yet), so the autoscaler has nothing to
+    copy: it holds. Recorded as a scale-up, it had started the cooldown and delayed the first
+    real scale-up by it."""
+    run(store, register_model(), {"type": "SetPolicy", "command_id": "autoscaling-policy",
+                                  "name": "autoscaling",
+                                  "parameters": {"service_tokens_per_second_per_replica": SERVICE,
+                                                 "target_utilization": 1.0}},
+        place_replica("r0"), observe("early", 10, arrival=250.0))
+    early = decision(store, "early")
+    assert (early.data["outcome"], early.data["result"]["placements"]) == ("hold", [])
+    assert [r["code"] for r in early.data["reasons"]][-1] == "no_replica_template"
+    assert early.data["result"]["last_scale_at_seconds"] is None
+    run(store, register_node("n1", gpus=6), place_replica("r1"),
+        {"type": "MarkReplicaReady", "replica_id": "r1", "command_id": "ready-r1"})
+    run(store, observe("later", 20, arrival=250.0))  # well inside a 60 s cooldown from 10 s
+    later = decision(store, "later")
+    assert (later.data["outcome"], later.data["reasons"][0]["code"]) == (
+        "scale_up", "scale_up_cleared_cooldown")
+    assert_replay_exact(store)
