@@ -159,13 +159,20 @@ def _defaults(name: str) -> bytes:
 
 
 def load_overrides(path: Path) -> dict[str, dict[str, Any]]:
-    """Read a what-if policy file: `{"memory": {"usable_fraction": 0.8}, ...}`."""
+    """Read a what-if policy file: `{"memory": {"usable_fraction": 0.8}, ...}`; a file that
+    cannot be read, or is not UTF-8 JSON of policy parameters, is an InputError naming it."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise InputError(f"cannot read policy file {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"policy file {path} is not UTF-8 text: byte {error.start} cannot be"
+                         " decoded") from None
     except json.JSONDecodeError as error:
         raise InputError(f"policy file {path} is not JSON: {error.msg} at line {error.lineno}") \
+            from None
+    except RecursionError:
+        raise InputError(f"policy file {path} is nested too deeply to be policy parameters") \
             from None
     if not isinstance(raw, dict):
         raise InputError(f"policy file {path} must hold an object of policy name -> parameters")

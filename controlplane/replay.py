@@ -25,6 +25,7 @@ from controlplane.decisions import ACCEPTED, DecisionContext
 from controlplane.handlers import OBSERVATIONS, decide_command
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import apply_event
+from events.canonical import canonical_json
 from events.model import NewEvent, RecordedEvent, StreamAppend, derived_event_id
 from events.projections import MemoryProjections, drop_all, load_all
 from events.store import EventStore
@@ -52,14 +53,31 @@ def state_at(store: EventStore, position: int | None = None) -> MemoryProjection
     return fold(store.read_all(to_position=position))
 
 
+def _canonical(value: Any) -> str:
+    """`value`'s canonical JSON, by which replay compares what is stored: 1, 1.0 and true differ,
+    as their stored texts do. A value that has none (a NaN read from a hand-edited row) is
+    compared by its repr, unequal to any canonical text."""
+    try:
+        return canonical_json(value)
+    except (TypeError, ValueError):
+        return f"not JSON: {value!r}"
+
+
+def _differs(left: dict[str, Any], right: dict[str, Any], key: str) -> bool:
+    """Whether `key` is in only one of the two, or their values' canonical JSON differs."""
+    if (key in left) != (key in right):
+        return True
+    return key in left and _canonical(left[key]) != _canonical(right[key])
+
+
 def diff_tables(live: dict[str, dict[str, Any]], rebuilt: dict[str, dict[str, Any]],
                 limit: int = 20) -> list[dict[str, Any]]:
-    """Rows that differ between two projection snapshots, at most `limit` of them."""
+    """Rows that differ between two projection snapshots (as canonical JSON), at most `limit`."""
     differences = []
     for name in sorted(set(live) | set(rebuilt)):
         left, right = live.get(name, {}), rebuilt.get(name, {})
         for key in sorted(set(left) | set(right)):
-            if left.get(key) != right.get(key):
+            if _differs(left, right, key):
                 differences.append({"projection": name, "key": key, "live": left.get(key),
                                     "rebuilt": right.get(key)})
                 if len(differences) >= limit:
@@ -68,10 +86,13 @@ def diff_tables(live: dict[str, dict[str, Any]], rebuilt: dict[str, dict[str, An
 
 
 def compare_with_live(store: EventStore) -> list[dict[str, Any]]:
-    """Rebuild every projection in memory and list where the live tables differ."""
-    with store.engine.connect() as conn:
+    """Rebuild every projection in memory and list where the live tables differ, both as of one
+    head: the live rows are read with it (`EventStore.snapshot`), the log folded up to it, so
+    what other processes append meanwhile is in neither."""
+    with store.snapshot() as conn:
+        head, _ = store.head(conn)
         live = load_all(conn)
-    return diff_tables(live, fold(store.read_all()).snapshot())
+    return diff_tables(live, state_at(store, head).snapshot())
 
 
 PROJECTIONS_REBUILT = "ProjectionsRebuilt"
@@ -181,25 +202,70 @@ class Drift:
 
 @dataclass
 class VerifyReport:
+    """Decisions re-derived, those that drifted, and those a `to_position` cut in two (left
+    unchecked: their recorded events are not all there to compare)."""
+
     decisions_checked: int = 0
     drifts: list[Drift] = field(default_factory=list)
+    decisions_unchecked: int = 0
 
     @property
     def identical(self) -> bool:
         return not self.drifts
 
 
-def _comparable(events: list[dict[str, Any]], what_if: bool) -> list[dict[str, Any]]:
-    # Under a what-if the policy block differs by construction; compare what was decided.
+# The version `PolicyBook` gives a policy a what-if overrides.
+WHAT_IF_VERSION = "what-if"
+
+
+def _comparable(recorded: list[dict[str, Any]], rederived: list[dict[str, Any]], what_if: bool
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The recorded and re-derived events as compared: under a what-if, what was decided, not
+    which policy version decided it. The policy block differs by construction, and so does the
+    version wherever a decision copies it (a shed's facts, a rollout's result): where the
+    re-derived data holds the what-if version, a version number recorded there counts as it."""
     if not what_if:
-        return events
-    return [{**e, "data": {k: v for k, v in e["data"].items() if k != "policy"}} for e in events]
+        return recorded, rederived
+    right = [{**e, "data": {k: v for k, v in e["data"].items() if k != "policy"}}
+             for e in rederived]
+    left = [{**e, "data": _with_what_if_versions(
+                {k: v for k, v in e["data"].items() if k != "policy"},
+                right[index]["data"] if index < len(right) else {})}
+            for index, e in enumerate(recorded)]
+    return left, right
+
+
+def _with_what_if_versions(recorded: Any, rederived: Any) -> Any:
+    """`recorded` with the what-if version in every place where `rederived` holds it and
+    `recorded` a version number; everything else as recorded."""
+    if rederived == WHAT_IF_VERSION and type(recorded) is int:
+        return WHAT_IF_VERSION
+    if isinstance(recorded, dict) and isinstance(rederived, dict):
+        return {key: _with_what_if_versions(value, rederived[key]) if key in rederived else value
+                for key, value in recorded.items()}
+    if isinstance(recorded, list) and isinstance(rederived, list):
+        return [_with_what_if_versions(value, rederived[index]) if index < len(rederived)
+                else value for index, value in enumerate(recorded)]
+    return recorded
+
+
+def _continues(group: list[RecordedEvent], event: RecordedEvent) -> bool:
+    """Whether `event` belongs to the open decision `group`: another of its command's events,
+    or a follow-up command the decision issued (accepted with the decision as its cause)."""
+    if event.event_type == ACCEPTED:
+        return event.causation_id is not None and event.causation_id in {e.event_id
+                                                                         for e in group}
+    return event.command_id == group[0].command_id and event.event_type not in OBSERVATIONS
 
 
 def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
                      to_position: int | None = None,
                      progress: ProgressFn | None = None) -> VerifyReport:
-    """Re-derive every decision from its command and the state just before it; list drifts."""
+    """Re-derive every decision from its command and the state just before it; list drifts.
+
+    With `to_position`, the decisions up to it; one whose events run past it is left
+    unchecked (and counted so), never reported as a drift.
+    """
     policies = policies or PolicyBook()
     what_if = bool(policies.overrides)
     state = MemoryProjections()
@@ -215,27 +281,25 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
                 _fold_one(state, versions, event)
             group.clear()
 
+    # One event past the cut is read only to tell whether the decision open there ends at it.
+    read_to = None if to_position is None else to_position + 1
     with closing(versions):
-        for count, event in enumerate(store.read_all(to_position=to_position), 1):
-            if group and event.command_id != group[0].command_id and not (
-                    event.event_type == ACCEPTED and event.causation_id is not None):
+        for count, event in enumerate(store.read_all(to_position=read_to), 1):
+            if to_position is not None and event.position > to_position:
+                if group and _continues(group, event):
+                    report.decisions_unchecked += 1
+                    group.clear()
+                break
+            joins = bool(group) and _continues(group, event)
+            if not joins:
                 settle()
-            if event.event_type == ACCEPTED and group and event.causation_id is not None \
-                    and event.causation_id in {e.event_id for e in group}:
-                # A follow-up command the open decision issued: part of that decision.
-                group.append(event)
+            if event.event_type == ACCEPTED:
                 commands[event.data["command"]["command_id"]] = (event.data["command"],
                                                                    event.event_id)
-            elif event.event_type == ACCEPTED:
-                settle()
-                commands[event.data["command"]["command_id"]] = (event.data["command"],
-                                                                   event.event_id)
-                _fold_one(state, versions, event)
-            elif (event.command_id is not None and event.command_id in commands
-                  and event.event_type not in OBSERVATIONS):
-                group.append(event)
+            if joins or (event.event_type != ACCEPTED and event.command_id in commands
+                         and event.event_type not in OBSERVATIONS):
+                group.append(event)  # the decision's, or the first event of the next one
             else:
-                settle()
                 _fold_one(state, versions, event)
             if progress is not None and count % 10_000 == 0:
                 progress(count)
@@ -262,11 +326,11 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any],
     recorded = [{"stream_id": e.stream_id, "event_type": e.event_type, "data": e.data}
                 for e in group]
     report.decisions_checked += 1
-    left, right = _comparable(recorded, what_if), _comparable(rederived, what_if)
-    if left != right:
+    left, right = _comparable(recorded, rederived, what_if)
+    if _canonical(left) != _canonical(right):  # as stored: 1, 1.0 and true differ
         changed = sorted({key for a, b in zip(left, right, strict=False)
                           for key in set(a["data"]) | set(b["data"])
-                          if a["data"].get(key) != b["data"].get(key)})
+                          if _differs(a["data"], b["data"], key)})
         if len(left) != len(right):
             changed.append("event_count")
         report.drifts.append(Drift(first.command_id or "", first.position, first.event_type,

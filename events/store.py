@@ -29,6 +29,7 @@ _LOCK_HEAD = _HEAD + " FOR UPDATE"
 _READ_FROM = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE position > ? ORDER BY position LIMIT ?"
 _READ_RANGE = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE position > ? AND position <= ?"
                " ORDER BY position LIMIT ?")
+_READ_FIRST = f"SELECT {EVENT_COLUMNS_SQL} FROM events ORDER BY position LIMIT ?"
 
 
 def _one_head(rows: Sequence[driver.Row]) -> tuple[int, str]:
@@ -242,10 +243,37 @@ class EventStore:
         with self.transaction() as tx:
             return tx.append(appends)
 
-    def head(self) -> tuple[int, str]:
+    def head(self, connection: Connection | None = None) -> tuple[int, str]:
+        """The log's last position and hash (read on `connection`, from `snapshot`, when given)."""
+        if connection is not None:
+            return _one_head(driver.fetch(connection, _HEAD))
         with self.engine.connect() as conn:
             row = conn.execute(HEAD).one()
             return int(row.position), str(row.hash)
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Connection]:
+        """A connection on which every read sees the log as one commit left it: the head, the
+        rows and the projection rows together, whatever other processes append meanwhile.
+
+        On SQLite one read transaction (under WAL, writers go on beside it); on PostgreSQL one
+        REPEATABLE READ transaction. Only for reading: what it holds is rolled back at the end.
+        """
+        with self.engine.connect() as conn:
+            if not is_sqlite(self.engine):
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            conn.begin()  # closing the connection rolls it back
+            yield conn
+
+    def read_stored(self, connection: Connection) -> Iterator[dict[str, Any]]:
+        """Every stored row as its mapping (data as its stored text), in position order, read in
+        chunks on `connection` (from `snapshot`): whatever its position, a row at 0 or below
+        (which no append writes) or past the head too, so that verification sees it."""
+        rows = driver.fetch(connection, _READ_FIRST, READ_CHUNK)
+        while rows:
+            for row in rows:
+                yield dict(zip(COLUMNS, row, strict=True))
+            rows = driver.fetch(connection, _READ_FROM, rows[-1][0], READ_CHUNK)
 
     def read_stream(self, stream_id: str, from_version: int = 0) -> list[RecordedEvent]:
         """The stream's events after `from_version`, in version order."""

@@ -10,6 +10,11 @@ from typing import Any
 from events.canonical import GENESIS_HASH, chain_hash
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.rows import header_of
+from events.store import EventStore
+
+# The types an append stores in a row's hashed fields; a row holding another (a BLOB, a REAL)
+# was written by hand, and is not what was hashed.
+_STORED_TYPES = frozenset((str, int, type(None)))
 
 
 @dataclass(frozen=True)
@@ -29,22 +34,29 @@ def verify_chain(rows: Iterable[dict[str, Any]], head: tuple[int, str]) -> Chain
 
     Checkpoint rows must carry the log size before them and the Merkle root of every event
     hash since the previous checkpoint (`checkpoint_mismatch` otherwise).
-    Problems: `position_gap` (a row deleted, or one inserted with a new position),
-    `broken_link` (prev_hash differs from the previous row's hash: deleted, inserted or
-    reordered rows), `hash_mismatch` (the row's content was edited), `head_mismatch` (rows
-    removed from the end, or the head row edited).
+    Problems: `position_gap` (a row deleted, or one inserted with a new position: one at 0 or
+    below is named at its own position), `broken_link` (prev_hash differs from the previous
+    row's hash: deleted, inserted or reordered rows), `hash_mismatch` (the row's content was
+    edited, or a field stored as a type no append writes), `head_mismatch` (rows removed from
+    the end or added past the head, or the head row edited).
     """
     expected_position, prev_hash, checked = 1, GENESIS_HASH, 0
     leaves: list[str] = []
     for row in rows:
         position = row["position"]
         if position != expected_position:
-            return ChainReport(False, checked, head[0], expected_position, "position_gap",
+            before = type(position) is int and position < expected_position
+            return ChainReport(False, checked, head[0], position if before else expected_position,
+                               "position_gap",
                                f"expected position {expected_position}, found {position}")
         if row["prev_hash"] != prev_hash:
             return ChainReport(False, checked, head[0], position, "broken_link",
                                "prev_hash does not match the previous row's hash")
-        recomputed = chain_hash(prev_hash, header_of(row), row["data"])
+        header = header_of(row)
+        misstored = _misstored_field(header, row["data"])
+        if misstored is not None:
+            return ChainReport(False, checked, head[0], position, "hash_mismatch", misstored)
+        recomputed = chain_hash(prev_hash, header, row["data"])
         if recomputed != row["hash"]:
             return ChainReport(False, checked, head[0], position, "hash_mismatch",
                                "the row's content does not match its hash")
@@ -61,6 +73,25 @@ def verify_chain(rows: Iterable[dict[str, Any]], head: tuple[int, str]) -> Chain
         checked += 1
     last_position = expected_position - 1
     if (last_position, prev_hash) != head:
-        return ChainReport(False, checked, head[0], last_position + 1, "head_mismatch",
+        # The first row missing from the end, or the first past the head.
+        return ChainReport(False, checked, head[0], min(last_position, head[0]) + 1,
+                           "head_mismatch",
                            f"the log ends at {last_position} but its head says {head[0]}")
     return ChainReport(True, checked, head[0])
+
+
+def _misstored_field(header: dict[str, Any], data: Any) -> str | None:
+    """Which hashed field is stored as a type no append writes (data as anything but text),
+    if one is: its value cannot be what was hashed."""
+    for name, value in (*header.items(), ("data", data)):
+        if type(value) not in _STORED_TYPES or (name == "data" and type(value) is not str):
+            return f"{name} is stored as {type(value).__name__}, a type no append writes"
+    return None
+
+
+def verify_log(store: EventStore) -> ChainReport:
+    """Verify the stored log as one commit left it (`EventStore.snapshot`): every row, whatever
+    its position, against the head read with them, so that rows appended meanwhile are neither
+    a false break nor a place for a forged row (at 0 or below, or past the head) to hide."""
+    with store.snapshot() as connection:
+        return verify_chain(store.read_stored(connection), store.head(connection))

@@ -12,7 +12,7 @@ from controlplane.cli.status_view import render_status
 from controlplane.explain import explain_id
 from controlplane.replay import state_at
 from events.projections import load_all
-from events.verify import verify_chain
+from events.verify import verify_log
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
@@ -89,7 +89,7 @@ def _render_explanation(report: dict[str, Any]) -> str:
 def verify(as_json: bool) -> int:
     """Verify the hash chain; exit 1 and name the first bad position if it is broken."""
     _, store = settings_and_store()
-    report = verify_chain(store.read_all(raw=True), store.head())
+    report = verify_log(store)
     emit(report.__dict__, as_json,
          lambda r: f"chain intact: {r['events_checked']} events verified" if r["ok"] else
          f"chain BROKEN at position {r['first_bad_position']}: {r['problem']} ({r['detail']})")

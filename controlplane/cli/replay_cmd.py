@@ -9,12 +9,16 @@ import click
 
 from controlplane.cli.context import settings_and_store
 from controlplane.cli.output import emit
+from controlplane.cli.status_view import render_status
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import compare_with_live, rebuild_live, state_at, verify_decisions
 
 
 def _render(report: dict[str, Any]) -> str:
     lines = []
+    if "state" in report:
+        lines.append(render_status({"position": report["position"],
+                                    "projections": report["state"]}))
     if "projection_differences" in report:
         differences = report["projection_differences"]
         lines.append("projections: rebuilt state equals the live state" if not differences
@@ -24,6 +28,9 @@ def _render(report: dict[str, Any]) -> str:
         label = "what-if" if report.get("what_if") else "verify"
         lines.append(f"{label}: {report['decisions_checked']} decision(s) re-derived, "
                      f"{'identical' if not drifts else f'{len(drifts)} would differ'}")
+        if report.get("decisions_unchecked"):
+            lines.append(f"  {report['decisions_unchecked']} decision(s) left unchecked: their"
+                         f" events run past position {report['position']}")
         for drift in drifts[:50]:
             lines.append(f"  #{drift['position']} {drift['command_id']}: "
                          f"{drift['recorded']['outcome']} -> {drift['rederived']['outcome']} "
@@ -35,7 +42,7 @@ def _render(report: dict[str, Any]) -> str:
 
 @click.command()
 @click.option("--to", "to_position", type=click.IntRange(min=0), default=None,
-              help="Rebuild the state as of this position.")
+              help="Rebuild the state as of this position (the head, if past it).")
 @click.option("--verify", "verify_", is_flag=True,
               help="Re-derive every decision and report identical or drifted.")
 @click.option("--policy", "policy_file", type=click.Path(path_type=Path), default=None,
@@ -51,6 +58,8 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
     if rebuild:
         report["rebuilt_events"] = rebuild_live(store)
     if to_position is not None:
+        # As `status --at`: a position past the head is the head, and the report says which.
+        to_position = min(to_position, store.head()[0])
         report["position"] = to_position
         report["state"] = state_at(store, to_position).snapshot()
     elif not (verify_ or policy_file):
@@ -59,7 +68,8 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
     if verify_ or policy_file:
         policies = PolicyBook(load_overrides(policy_file) if policy_file else None)
         result = verify_decisions(store, policies, to_position)
-        report.update(decisions_checked=result.decisions_checked, what_if=bool(policy_file),
+        report.update(decisions_checked=result.decisions_checked,
+                      decisions_unchecked=result.decisions_unchecked, what_if=bool(policy_file),
                       drifts=[d.as_dict() for d in result.drifts])
         # A drift under plain --verify means the recorded history cannot be reproduced.
         failed = failed or (bool(result.drifts) and not policy_file)

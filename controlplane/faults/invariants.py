@@ -16,7 +16,7 @@ from controlplane.replay import compare_with_live, verify_decisions
 from controlplane.state.fleet import GPUS_RELEASED, GPUS_RESERVED
 from events.model import RecordedEvent
 from events.store import EventStore
-from events.verify import verify_chain
+from events.verify import verify_log
 
 
 @dataclass
@@ -113,7 +113,7 @@ def check_fleet_invariants(store: EventStore) -> InvariantReport:
     decided_exactly_once(events, report)
     _reservations(events, report)
     _budgets(events, report)
-    chain = verify_chain(store.read_all(raw=True), store.head())
+    chain = verify_log(store)
     report.events_chained = chain.events_checked
     if not chain.ok:
         report.violations.append(f"chain_broken: {chain.problem} at {chain.first_bad_position}")

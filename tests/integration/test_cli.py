@@ -85,6 +85,36 @@ def test_replay_with_an_invalid_policy_file_exits_2(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "usable_fraction" in result.stderr
 
 
+@pytest.mark.parametrize("content", [b'{"memory": {"usable_fraction": 0.5}} \xff',
+                                     b"[" * 100_000 + b"]" * 100_000],
+                         ids=["not_utf8", "nested_too_deeply"])
+def test_an_unreadable_policy_file_exits_2_naming_it(tmp_path: Path, content: bytes) -> None:
+    policy = tmp_path / "p.json"
+    policy.write_bytes(content)
+    result = run_cli("replay", "--policy", str(policy))
+    assert result.exit_code == 2 and result.stderr.startswith(f"error: policy file {policy}")
+
+
+def test_replay_to_a_position_shows_the_state_as_of_it(tmp_path: Path) -> None:
+    for command_id in ("x", "y"):  # x accepted at 1 and decided at 2, y at 3 and 4
+        run_cli("submit", str(write_lines(tmp_path / f"{command_id}.jsonl",
+                                          assess_memory(command_id))))
+    result = run_cli("replay", "--to", "2")
+    assert result.exit_code == 0
+    assert result.output.startswith("log position 2;") and "model-x" in result.output
+    assert "model-y" not in result.output
+
+
+def test_replay_to_a_position_past_the_head_stops_at_the_head_as_status_does(
+        tmp_path: Path, embedded: str) -> None:
+    run_cli("submit", str(write_lines(tmp_path / "c.jsonl", assess_memory("x"))))
+    head = log_size(embedded)
+    replayed = json.loads(run_cli("replay", "--to", str(head + 100), "--json").output)
+    status = json.loads(run_cli("status", "--at", str(head + 100), "--json").output)
+    assert replayed["position"] == status["position"] == head
+    assert replayed["state"] == status["projections"]
+
+
 def test_an_unreachable_redis_is_an_operational_failure(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_REDIS_URL", "redis://user:s3cret@127.0.0.1:1/0")

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import fakeredis
 import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
 
+import controlplane.replay
 from controlplane.commands import command_adapter
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import compare_with_live, rebuild_live, state_at, verify_decisions
+from controlplane.runtime import open_store
 from controlplane.service import accept
 from controlplane.settings import Settings
+from events.canonical import canonical_json
 from events.projections import load_all
 from events.store import EventStore
-from tests.factories import assess_memory
+from tests.cli_helpers import run_cli
+from tests.factories import assess_memory, place_replica, register_model, register_node
+from tests.fleet_helpers import run
 from workers.queue import enqueue_commands
 from workers.runner import work
 
@@ -89,3 +98,96 @@ def test_status_at_a_position_equals_the_state_after_replaying_to_it(store: Even
             if event.event_type == "MemoryAssessed":
                 by_hand[event.data["inputs"]["model_name"]] = event.data["result"]["fits"]
         assert {k: v["fits"] for k, v in folded.get("memory_fit", {}).items()} == by_hand
+
+
+def test_appends_while_replaying_are_not_a_projection_difference(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    decide_through_the_queue(store, thousand_commands()[:5])
+    read_live = controlplane.replay.load_all
+
+    def live_then_another_decision(connection: Connection) -> dict[str, dict[str, Any]]:
+        live = read_live(connection)
+        decide_through_the_queue(EventStore(store.engine), [assess_memory("late")])
+        return live
+
+    monkeypatch.setattr(controlplane.replay, "load_all", live_then_another_decision)
+    assert compare_with_live(store) == []
+    monkeypatch.undo()
+    assert "model-late" in state_at(store).snapshot()["memory_fit"]  # it was decided
+    assert compare_with_live(store) == []
+
+
+@pytest.mark.usefixtures("embedded_queue")
+def test_a_verify_cut_inside_a_decision_leaves_it_unchecked_rather_than_drifted(
+        store: EventStore) -> None:
+    run(store, register_node("n1", gpus=2), register_model(), place_replica("r1", tp=2))
+    placement = [e.position for e in store.events_for_command("place-r1")
+                 if e.event_type != "CommandAccepted"]
+    assert len(placement) >= 2  # the placement and its reservation, in one decision
+    inside = verify_decisions(store, to_position=placement[0])
+    assert (inside.drifts, inside.decisions_unchecked) == ([], 1)
+    whole = verify_decisions(store, to_position=placement[-1])
+    assert (whole.drifts, whole.decisions_unchecked) == ([], 0)
+    assert whole.decisions_checked == inside.decisions_checked + 1
+    cli = run_cli("replay", "--verify", "--to", str(placement[0]), "--json")
+    assert cli.exit_code == 0 and json.loads(cli.output)["decisions_unchecked"] == 1
+
+
+@pytest.fixture(scope="module")
+def demo_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite log of `fleetctl demo`: admission sheds, rollouts, scaling, all decided."""
+    path = tmp_path_factory.mktemp("demo") / "demo.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLEET_DATABASE_URL", f"sqlite:///{path}")
+        patch.delenv("FLEET_REDIS_URL", raising=False)
+        assert run_cli("demo", "--trace-requests", "150").exit_code == 0
+    return path
+
+
+@pytest.fixture
+def demo_store(demo_log: Path) -> Iterator[EventStore]:
+    demo = open_store(f"sqlite:///{demo_log}")
+    yield demo
+    demo.engine.dispose()
+
+
+def test_a_what_if_with_the_parameters_in_force_changes_no_decision(
+        demo_store: EventStore, tmp_path: Path) -> None:
+    recorded = list(demo_store.read_all())
+    # The versions in force are copied into decisions: into a shed's facts, a rollout's result.
+    assert any("policy_version" in reason["facts"] for e in recorded
+               for reason in e.data.get("reasons", []))
+    assert any("requirements_version" in (e.data.get("result") or {}) for e in recorded)
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps({"admission": {}, "rollout": {}}))  # the demo keeps the defaults
+    assert verify_decisions(demo_store, PolicyBook(load_overrides(same))).drifts == []
+    # Other parameters still show: the rollouts' requirements change with them.
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"rollout": {"min_sample_count": 7}}))
+    drifts = verify_decisions(demo_store, PolicyBook(load_overrides(other))).drifts
+    assert {d.event_type for d in drifts} >= {"RolloutStarted"}
+
+
+def test_rebuilt_projections_are_compared_as_canonical_json(store: EventStore) -> None:
+    decide_through_the_queue(store, [assess_memory("typed")])
+    with store.engine.connect() as conn:
+        live = load_all(conn)["memory_fit"]["model-typed"]
+    assert live["fits"] is True
+    retyped = canonical_json({**live, "fits": 1})  # equal to true in Python, not as stored
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE projections SET data = :data WHERE name = 'memory_fit'"),
+                     {"data": retyped})
+    differences = compare_with_live(store)
+    assert [(d["projection"], d["key"]) for d in differences] == [("memory_fit", "model-typed")]
+
+
+def test_rederived_decisions_are_compared_as_canonical_json(store: EventStore) -> None:
+    decide_through_the_queue(store, [assess_memory("typed")])
+    with store.engine.begin() as conn:
+        changed = conn.execute(text(
+            "UPDATE events SET data = replace(data, :stored, :retyped)"
+            " WHERE event_type = 'MemoryAssessed'"),
+            {"stored": '"fits":true', "retyped": '"fits":1'}).rowcount
+    assert changed == 1
+    drifts = verify_decisions(store).drifts
+    assert [(d.command_id, d.changed_fields) for d in drifts] == [("typed", ["result"])]

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+
 import pytest
 from sqlalchemy import text
+from sqlalchemy.engine import Connection
 
+from controlplane.runtime import open_store
 from events.model import StreamAppend
 from events.store import EventStore
-from events.verify import verify_chain
+from events.verify import verify_log
 from tests.cli_helpers import run_cli
 from tests.factories import event
 
@@ -24,7 +29,14 @@ def tamper(store: EventStore, *statements: str) -> None:
 
 
 def report(store: EventStore):  # type: ignore[no-untyped-def]
-    return verify_chain(store.read_all(raw=True), store.head())
+    return verify_log(store)
+
+
+# A forged row: a copy of row 1 under a new identity, at the position given.
+FORGE_AT = ("INSERT INTO events (position, stream_id, stream_version, event_id, event_type, "
+            "schema_version, data, actor, tenant, occurred_at, recorded_at, prev_hash, hash) "
+            "SELECT {position}, 'forged', 1, 'forged-id', event_type, schema_version, data, actor,"
+            " tenant, occurred_at, recorded_at, prev_hash, hash FROM events WHERE position = 1")
 
 
 def test_an_intact_log_verifies(store: EventStore) -> None:
@@ -187,3 +199,72 @@ def test_a_truncated_log_is_detected(store: EventStore) -> None:
     tamper(store, "DELETE FROM events WHERE position > 6")
     result = report(store)
     assert (result.ok, result.first_bad_position, result.problem) == (False, 7, "head_mismatch")
+
+
+@pytest.mark.parametrize("position", [0, -5])
+def test_a_row_inserted_before_position_one_breaks_the_chain(store: EventStore,
+                                                            position: int) -> None:
+    seeded(store)
+    tamper(store, FORGE_AT.format(position=position))
+    result = report(store)
+    assert (result.ok, result.first_bad_position, result.problem) == (
+        False, position, "position_gap")
+    cli = run_cli("verify", "--json")
+    assert cli.exit_code == 1 and json.loads(cli.output)["first_bad_position"] == position
+
+
+def test_a_chained_row_added_past_the_head_breaks_the_chain(store: EventStore) -> None:
+    from events.canonical import chain_hash
+    from events.rows import header_of
+
+    seeded(store)
+    forged = {**list(store.read_all(raw=True))[-1], "position": 11, "stream_id": "forged",
+              "event_id": "forged-id"}
+    forged["prev_hash"], forged["hash"] = forged["hash"], chain_hash(
+        forged["hash"], header_of(forged), forged["data"])
+    with store.engine.begin() as conn:  # chained to row 10, but the head still says 10
+        conn.execute(text(f"INSERT INTO events ({', '.join(forged)}) "
+                          f"VALUES ({', '.join(':' + name for name in forged)})"), forged)
+    result = report(store)
+    assert (result.ok, result.first_bad_position, result.problem) == (False, 11, "head_mismatch")
+
+
+def test_rows_appended_while_verifying_are_outside_the_check_not_a_broken_chain(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    seeded(store)
+    other_writer = EventStore(store.engine)
+    read_head = EventStore.head
+
+    def head_then_another_append(self: EventStore, connection: Connection | None = None
+                                 ) -> tuple[int, str]:
+        head = read_head(self) if connection is None else read_head(self, connection)
+        appended = read_head(other_writer)[0]
+        other_writer.append([StreamAppend("s/late", None, [event(f"late{appended}")])])
+        return head
+
+    monkeypatch.setattr(EventStore, "head", head_then_another_append)
+    result = report(store)
+    assert (result.ok, result.events_checked, result.head_position) == (True, 10, 10)
+    cli = run_cli("verify", "--json")
+    assert cli.exit_code == 0, cli.output
+    monkeypatch.undo()
+    assert report(store).ok and report(store).events_checked == 12
+
+
+@pytest.fixture
+def sqlite_store(sqlite_url: str) -> Iterator[EventStore]:
+    """A log on SQLite, whose columns will hold any type (PostgreSQL's hold only their own)."""
+    event_store = open_store(sqlite_url)
+    yield event_store
+    event_store.engine.dispose()
+
+
+@pytest.mark.parametrize("column", ["data", "actor"])
+def test_a_field_stored_as_a_blob_is_a_hash_mismatch_at_its_position(
+        sqlite_store: EventStore, column: str) -> None:
+    seeded(sqlite_store)
+    tamper(sqlite_store, f"UPDATE events SET {column} = CAST({column} AS BLOB) WHERE position = 4")
+    result = report(sqlite_store)
+    assert (result.ok, result.first_bad_position, result.problem) == (False, 4, "hash_mismatch")
+    cli = run_cli("verify", "--json")
+    assert cli.exit_code == 1 and json.loads(cli.output)["first_bad_position"] == 4
