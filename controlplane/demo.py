@@ -21,10 +21,10 @@ from controlplane.policies.reasons import to_plain
 from controlplane.replay import compare_with_live, state_at, verify_decisions
 from controlplane.settings import Settings
 from controlplane.simulation.traces import read_trace
-from controlplane.workloads import at, canary_ladder, model, observe, placement, ready
+from controlplane.workloads import at, model, observe, placement, ready, two_canaries
 from events.model import RecordedEvent
 from events.store import EventStore
-from events.verify import verify_chain
+from events.verify import verify_log
 from workers.pipeline import submit, wait_for_decisions
 
 POOL = "chat"
@@ -189,12 +189,15 @@ class Demo:
 
     def canaries(self, seconds: float) -> None:
         pool = self.name(POOL)
-        payloads = [{**p, "command_id": self.name(p["command_id"]),
-                     **({"rollout_id": self.name(p["rollout_id"])} if "rollout_id" in p else {})}
-                    for p in canary_ladder("canary-good", pool, seconds, regress=False)
-                    + canary_ladder("canary-bad", pool, seconds + 10, regress=True)]
-        self._run("two canaries: one promotes, one regresses p95 TPOT", payloads)
-        self.store_wait_for_followups()
+        rungs = ["two canaries: start", "two canaries: warmed shadow evidence",
+                 "two canaries: shadow passes into a 1% canary", "two canaries: 1% widens to 10%",
+                 "two canaries at 10%: one promotes, one regresses p95 TPOT"]
+        for label, rung in zip(rungs, two_canaries(pool, seconds), strict=True):
+            payloads = [{**p, "command_id": self.name(p["command_id"]),
+                         **({"rollout_id": self.name(p["rollout_id"])} if "rollout_id" in p else {})}
+                        for p in rung]
+            self._run(label, payloads)
+            self.store_wait_for_followups()  # each rung's evaluation, before the next measurement
         for rollout_id in ("canary-good", "canary-bad"):
             decided = [e for e in self.store.read_stream(f"rollout/{self.name(rollout_id)}")
                        if e.event_type in ("RolloutPromoted", "RolloutRolledBack")]
@@ -216,7 +219,7 @@ class Demo:
         report.projection_differences = len(compare_with_live(self.store))
         verified = verify_decisions(self.store)
         report.decisions_rederived, report.drifts = verified.decisions_checked, len(verified.drifts)
-        chain = verify_chain(self.store.read_all(raw=True), self.store.head())
+        chain = verify_log(self.store)
         report.chain_ok, report.events_checked = chain.ok, chain.events_checked
 
     def run(self) -> DemoReport:

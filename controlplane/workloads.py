@@ -82,13 +82,23 @@ def measurement(command_id: str, rollout_id: str, mode: str, seconds: float,
             "at": at(seconds)}
 
 
-def canary_ladder(rollout_id: str, pool_id: str, seconds: float, regress: bool) -> list[Payload]:
-    """A rollout walked through shadow and canary; `regress` makes its canary TPOT regress."""
+def canary_ladder(rollout_id: str, pool_id: str, seconds: float,
+                  regress: bool) -> list[list[Payload]]:
+    """A rollout walked through shadow and canary, one rung per phase: its start, then a
+    measurement per rung, each to be submitted once the previous one's evaluation is decided
+    (evidence clears only the rung it was taken on). `regress` makes its canary TPOT regress."""
     steps = [("shadow", {}), ("shadow", {}), ("canary", {}),
              ("canary", {"p95_tpot_seconds": 0.3} if regress else {})]
-    return [rollout(rollout_id, pool_id, seconds)] + [
-        measurement(f"{rollout_id}-m{i}", rollout_id, mode, seconds + i + 1, **extra)
+    return [[rollout(rollout_id, pool_id, seconds)]] + [
+        [measurement(f"{rollout_id}-m{i}", rollout_id, mode, seconds + i + 1, **extra)]
         for i, (mode, extra) in enumerate(steps)]
+
+
+def two_canaries(pool_id: str, seconds: float) -> list[list[Payload]]:
+    """A canary that promotes and one whose p95 TPOT regresses, rung by rung side by side."""
+    return [good + bad for good, bad in zip(canary_ladder("canary-good", pool_id, seconds, False),
+                                            canary_ladder("canary-bad", pool_id, seconds + 10, True),
+                                            strict=True)]
 
 
 def mixed_fleet(seed: int, requests: int, nodes: int = 16, gpus_per_node: int = 8,
@@ -129,8 +139,7 @@ def mixed_fleet(seed: int, requests: int, nodes: int = 16, gpus_per_node: int = 
     traffic += [{"type": "ReleaseRequest", "command_id": f"release-{done}", "request_id": done,
                  "at": at(clock + 1)} for done in live]
     phases.append(traffic)
-    phases.append(canary_ladder("canary-good", pool_id, clock + 10, regress=False)
-                  + canary_ladder("canary-bad", pool_id, clock + 20, regress=True))
+    phases.extend(two_canaries(pool_id, clock + 10))
     return phases
 
 
