@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import NoResultFound
+
 from events.canonical import GENESIS_HASH, chain_hash
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.rows import header_of
@@ -94,4 +96,8 @@ def verify_log(store: EventStore) -> ChainReport:
     its position, against the head read with them, so that rows appended meanwhile are neither
     a false break nor a place for a forged row (at 0 or below, or past the head) to hide."""
     with store.snapshot() as connection:
-        return verify_chain(store.read_stored(connection), store.head(connection))
+        try:
+            head = store.head(connection)
+        except NoResultFound:  # the head row deleted: tampering, not a database failure
+            return ChainReport(False, 0, 0, 0, "head_mismatch", "the log's head row is missing")
+        return verify_chain(store.read_stored(connection), head)

@@ -268,3 +268,13 @@ def test_a_field_stored_as_a_blob_is_a_hash_mismatch_at_its_position(
     assert (result.ok, result.first_bad_position, result.problem) == (False, 4, "hash_mismatch")
     cli = run_cli("verify", "--json")
     assert cli.exit_code == 1 and json.loads(cli.output)["first_bad_position"] == 4
+
+
+def test_a_deleted_head_row_is_reported_as_tampering(store: EventStore) -> None:
+    """Not a database failure (exit 3): the head is what the chain is held to."""
+    seeded(store)
+    tamper(store, "DELETE FROM log_head")
+    result = report(store)
+    assert (result.ok, result.first_bad_position, result.problem) == (False, 0, "head_mismatch")
+    cli = run_cli("verify")
+    assert cli.exit_code == 1 and "head_mismatch" in cli.output
