@@ -11,7 +11,7 @@ from controlplane.commands import CommandBase, parse_command
 from controlplane.deciding import Outcome, Prepared, decide_batch
 from controlplane.decisions import ACCEPTED, INBOX_STREAM, inbox_record
 from controlplane.errors import FieldProblem, SubmissionRejected
-from controlplane.handlers import EFFECTS, PRECHECKS
+from controlplane.handlers import EFFECTS, PRECHECKS, RESUMABLE, UNFINISHED
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import ENTITY, PENDING, apply_event
 from events.model import NewEvent, StreamAppend, derived_event_id
@@ -20,7 +20,8 @@ from events.store import EventStore
 from events.transaction import LogTransaction
 
 log = structlog.get_logger(__name__)
-__all__ = ["Outcome", "accept", "decide", "pending_command_ids", "precheck", "run_effects"]
+__all__ = ["Outcome", "accept", "decide", "pending_command_ids", "precheck", "run_effects",
+           "unfinished_command_ids"]
 
 
 def accepted_event_id(command_id: str) -> str:
@@ -140,14 +141,21 @@ def _prepare(store: EventStore, connection: Connection,
 
 
 def run_effects(store: EventStore, outcomes: Sequence[Outcome]) -> None:
-    """Run the outside effects of events this call committed: at most once, never on a replay."""
+    """Run the outside effects of events this call committed, never on a replay; and, for a
+    command delivered again after it was decided, those `RESUMABLE` (each acts at most once by
+    itself: a worker that died after committing a decision had left them undone)."""
     for outcome in outcomes:
-        if not outcome.decided_now:
-            continue
         for event in outcome.events:
             effect = EFFECTS.get(event.event_type)
-            if effect is not None:
+            if effect is not None and (outcome.decided_now or event.event_type in RESUMABLE):
                 effect(store, event)
+
+
+def unfinished_command_ids(store: EventStore) -> list[str]:
+    """Decided commands whose resumable effects are still undone (`handlers.UNFINISHED`)."""
+    with store.engine.connect() as conn:
+        state = SqlProjections(conn)
+        return [command_id for find in UNFINISHED for command_id in find(state)]
 
 
 def pending_command_ids(store: EventStore) -> list[str]:

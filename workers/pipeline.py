@@ -10,7 +10,7 @@ from redis import Redis
 
 from controlplane.commands import CommandBase
 from controlplane.errors import OperationalError
-from controlplane.service import Outcome, accept, pending_command_ids
+from controlplane.service import Outcome, accept, pending_command_ids, unfinished_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
 from workers.connections import connect, redis_url_in_use
@@ -47,8 +47,9 @@ def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase
 
 
 def reconcile(settings: Settings, store: EventStore) -> Submitted:
-    """Re-enqueue every accepted command that has no decision (after Redis lost its queue)."""
-    pending = pending_command_ids(store)
+    """Re-enqueue every accepted command that has no decision (after Redis lost its queue), and
+    every decided one whose resumable effects are undone (a worker died after deciding it)."""
+    pending = list(dict.fromkeys([*pending_command_ids(store), *unfinished_command_ids(store)]))
     connection = connect(settings)
     job_ids = enqueue_commands(connection, settings, pending)
     ran = _run_embedded_if_needed(settings, connection)

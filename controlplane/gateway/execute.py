@@ -1,8 +1,11 @@
-"""Execute and persist: the effect of `OperationDispatching`, run at most once after it commits.
+"""Mark, execute and persist: the effect of `OperationReserved`, after it commits.
 
-Guarantee: the adapter is called at most once per operation. The "dispatching" mark is committed
-before this runs and nothing ever runs this again (the service runs effects only for events its own
-call committed). What the call produced is recorded as an observation:
+Guarantee: the adapter is called at most once per operation. Just before the call, the operation
+is marked `dispatching` in a transaction of its own that finds it still `reserved` under the
+append lock (spec §5.1 step 7); whoever finds it otherwise (another worker marked it, an operator
+reconciled it) calls nothing. So this may run again for the same operation (a job delivered
+again after its worker died resumes the operations it had not marked) and still calls at most
+once. What the call produced is recorded as an observation:
 - a result: the saved answer and the budget settlement in one transaction ("completed");
 - a provable refusal before sending: "failed", the grant released;
 - anything else (timeout after sending, reset, a crash of the adapter): "unknown", grant kept.
@@ -49,18 +52,53 @@ class PersistFault(RuntimeError):
     """The scripted store failure of the final write (fault injection)."""
 
 
-def execute_dispatch(store: EventStore, event: RecordedEvent) -> None:
-    """Call the route's adapter once and record what was observed; never raises."""
-    bound = log.bind(command_id=event.command_id, stream_id=event.stream_id, event_id=event.event_id)
+def execute_dispatch(store: EventStore, reserved: RecordedEvent) -> None:
+    """Mark the reserved operation dispatching, call its route's adapter once and record what was
+    observed. Raises only when the mark could not be written: nothing was sent, and the job,
+    failing, is delivered again to resume it. Once marked, never raises."""
+    operation = reserved.data["result"]["operation"]
+    if _state(store, operation) != "reserved":  # the common answer on a redelivery, lock-free
+        return
+    marked = _mark(store, reserved)
+    if marked is None:
+        return
+    bound = log.bind(command_id=marked.command_id, stream_id=marked.stream_id,
+                     event_id=marked.event_id)
     try:
-        _execute(store, event)
+        _execute(store, marked)
     except Exception as error:  # the operation stays "dispatching": unknown, never re-sent
         bound.error("gateway_outcome_unrecorded", error=repr(error))
 
 
+ROUTE_FIELDS = ("route_id", "adapter_kind", "provider", "pool", "profile_id", "model_id",
+                "input_tokens", "max_output_tokens", "network_policy")
+
+
+def _mark(store: EventStore, reserved: RecordedEvent) -> RecordedEvent | None:
+    """`OperationDispatching`, appended if the operation is still reserved; else None."""
+    operation = reserved.data["result"]["operation"]
+    with store.transaction() as tx:
+        row = tx.projections.get(gw.OPERATIONS, gw.operation_key(operation["tenant"],
+                                                                  operation["idempotency_key"]))
+        if row is None or row["state"] != "reserved" \
+                or row["operation_id"] != operation["operation_id"]:
+            return None
+        result = {"tenant": row["tenant"], "idempotency_key": row["idempotency_key"],
+                  "operation_id": row["operation_id"], **{k: row[k] for k in ROUTE_FIELDS},
+                  "provider_idempotency_key": row["operation_id"], "dispatch_count": 1}
+        event = _observation(reserved, tx, "dispatching", gw.OPERATION_DISPATCHING, "dispatching",
+                             [Reason("dispatch_marked", "the operation may reach the provider from "
+                                     "now on; it will never be dispatched again",
+                                     {"dispatch_count": 1})], result)
+        (marked,) = tx.append([StreamAppend(reserved.stream_id,
+                                            tx.stream_version(reserved.stream_id), [event])])
+        apply_event(tx.projections, marked)
+    return marked
+
+
 def _execute(store: EventStore, event: RecordedEvent) -> None:
     dispatch = event.data["result"]
-    if not _still_dispatching(store, dispatch):
+    if _state(store, dispatch) != "dispatching":
         # Reconciled from evidence before we got here (it can only narrow, never widen, the calls).
         log.warning("gateway_call_skipped_after_reconcile", command_id=event.command_id)
         return
@@ -83,11 +121,13 @@ def _execute(store: EventStore, event: RecordedEvent) -> None:
                 fail=fault == "persist_and_mark_fail")
 
 
-def _still_dispatching(store: EventStore, dispatch: dict[str, Any]) -> bool:
+def _state(store: EventStore, operation: dict[str, Any]) -> str | None:
+    """The operation's state as last committed (None if it has no row), read without the lock."""
     with store.engine.connect() as conn:
-        operation = SqlProjections(conn).get(
-            gw.OPERATIONS, gw.operation_key(dispatch["tenant"], dispatch["idempotency_key"]))
-    return operation is not None and operation["state"] == "dispatching"
+        row = SqlProjections(conn).get(
+            gw.OPERATIONS, gw.operation_key(operation["tenant"], operation["idempotency_key"]))
+    return row["state"] if row is not None and row["operation_id"] == operation["operation_id"] \
+        else None
 
 
 def _request(store: EventStore, event: RecordedEvent, dispatch: dict[str, Any]) -> AdapterRequest:

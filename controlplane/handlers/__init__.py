@@ -19,7 +19,15 @@ from controlplane.decisions import (
     failed_decision,
 )
 from controlplane.discovery import domain_modules
-from controlplane.handlers.base import Effect, Handler, Precheck, Reads, Streams, Warm
+from controlplane.handlers.base import (
+    Effect,
+    Handler,
+    Precheck,
+    Reads,
+    Streams,
+    Unfinished,
+    Warm,
+)
 from events.model import StreamAppend
 
 log = structlog.get_logger(__name__)
@@ -39,6 +47,10 @@ WARMS: dict[str, Warm] = {name: warm for domain in _DOMAINS
                           for name, warm in getattr(domain, "WARMS", {}).items()}
 OBSERVATIONS: frozenset[str] = frozenset(kind for domain in _DOMAINS
                                          for kind in getattr(domain, "OBSERVATIONS", ()))
+RESUMABLE: frozenset[str] = frozenset(kind for domain in _DOMAINS
+                                      for kind in getattr(domain, "RESUMABLE", ()))
+UNFINISHED: list[Unfinished] = [find for domain in _DOMAINS
+                                for find in getattr(domain, "UNFINISHED", ())]
 
 
 
@@ -60,5 +72,6 @@ def decide_command(command: CommandBase, ctx: DecisionContext) -> list[StreamApp
         return failed_decision(command, ctx, error)
 
 
-__all__ = ["EFFECTS", "HANDLERS", "OBSERVATIONS", "PRECHECKS", "READS", "STREAMS", "WARMS",
+__all__ = ["EFFECTS", "HANDLERS", "OBSERVATIONS", "PRECHECKS", "READS", "RESUMABLE", "STREAMS",
+           "UNFINISHED", "WARMS",
            "Effect", "Handler", "Precheck", "Reads", "Streams", "Warm", "decide_command"]

@@ -5,8 +5,14 @@
   the command is submitted (an unknown node, pool, replica); any problem refuses the whole
   submission and nothing is written.
 - `EFFECTS: dict[str, Effect]`: event type -> an action with outside effects (a provider call)
-  run at most once, after the transaction that appended that event has committed, by the worker
-  that committed it. It records what it observed through the store.
+  run after the transaction that appended that event has committed, by the worker that
+  committed it. It records what it observed through the store.
+- `RESUMABLE: set[str]`: event types whose effect also runs when their command is delivered
+  again after it was decided (a worker died before running it). Such an effect makes sure by
+  itself, under the append lock, that it acts at most once; the others run only once, by the
+  deciding worker, and never again.
+- `UNFINISHED: list[Unfinished]`: functions naming the decided commands whose `RESUMABLE`
+  effects are still undone, found from the state; `reconcile` delivers them again.
 - `OBSERVATIONS: set[str]`: event types that effects append; replay folds them but never
   re-derives them, since no policy produced them.
 - `READS: dict[str, Reads]`: command type -> projection rows (name, key) its handler will read,
@@ -38,4 +44,5 @@ Precheck = Callable[[CommandBase, StateView], list[tuple[str, str]]]
 Effect = Callable[[EventStore, RecordedEvent], None]
 Reads = Callable[[CommandBase], list[tuple[str, str]]]
 Streams = Callable[[CommandBase], list[str]]
+Unfinished = Callable[[StateView], list[str]]
 Warm = Callable[[StateView, PolicyBook], object]

@@ -5,8 +5,12 @@ version read):
 - a denial at authorise, select, bound or reserve: one `DispatchDenied` audit event, nothing else;
 - an existing key: a conflict (`DispatchDenied`), or a replay (`OperationReplayed`) that re-checks
   current authorisation and returns the recorded outcome, never dispatching;
-- a new key admitted: `OperationReserved`, `BudgetReserved` and `OperationDispatching`, committed
-  together before the adapter is called by the `OperationDispatching` effect.
+- a new key admitted: `OperationReserved` and `BudgetReserved`, committed together (spec §4
+  `reserved`). The `OperationReserved` effect then marks that operation `dispatching` in a
+  transaction of its own, just before it calls the adapter (spec §5.1 step 7), one operation
+  at a time: a worker that dies during one call leaves the batch's later operations reserved,
+  never sent, and the job delivered again resumes them (`RESUMABLE`); marked together with the
+  decision, they had all waited out the lease as unknown outcomes.
 Because every decision holds the log's append lock, two requests for one key are decided one
 after the other: the second always sees the first's operation.
 """
@@ -30,7 +34,7 @@ from controlplane.gateway.world import (
     sources_of,
     tenant_of,
 )
-from controlplane.handlers.base import Effect, Handler, Reads, Streams
+from controlplane.handlers.base import Effect, Handler, Reads, Streams, Unfinished
 from controlplane.policies.gateway import (
     DispatchRequest,
     NetworkPreference,
@@ -48,10 +52,11 @@ from controlplane.policies.gateway_replay import (
     fingerprint,
     replay_operation,
 )
-from controlplane.policies.reasons import Reason, to_plain
+from controlplane.policies.reasons import to_plain
 from controlplane.policy_book import PolicyInForce
 from controlplane.state import gateway as gw
 from events.model import StreamAppend
+from events.projections import StateView
 
 
 def request_of(command: Dispatch) -> DispatchRequest:
@@ -163,17 +168,8 @@ def _admitted(command: Dispatch, ctx: DecisionContext, policy: PolicyInForce, re
                 "before": to_plain(budget_of(ctx.state, operation["budget_id"])),
                 "after": to_plain(admission.budget_after)},
         policy=policy, inputs=inputs, ctx=ctx, causes=[reserved.event_id]))
-    dispatching = new_event(command, ctx, "dispatching", gw.OPERATION_DISPATCHING, decision_data(
-        outcome="dispatching",
-        reasons=[Reason("dispatch_marked", "the operation may reach the provider from now on; it "
-                        "will never be dispatched again", {"dispatch_count": 1})],
-        result={**identity, **{k: operation[k] for k in (
-            "route_id", "adapter_kind", "provider", "pool", "profile_id", "model_id",
-            "input_tokens", "max_output_tokens", "network_policy")},
-            "provider_idempotency_key": command.command_id, "dispatch_count": 1},
-        policy=policy, inputs=inputs, ctx=ctx, causes=[reserved.event_id, budget_event.event_id]))
     stream = gw.operation_stream(command.tenant, command.idempotency_key)
-    return [append_to(stream, ctx, reserved, dispatching),
+    return [append_to(stream, ctx, reserved),
             append_to(gw.budget_stream(operation["budget_id"]), ctx, budget_event)]
 
 
@@ -220,9 +216,18 @@ def _dispatch_reads(command: CommandBase) -> list[tuple[str, str]]:
             (gw.REGISTRIES["release-pointer"], command.pointer_name)]
 
 
+def unfinished_dispatches(state: StateView) -> list[str]:
+    """Dispatch commands whose operation is reserved and was never marked: never sent, for
+    `reconcile` to resume (a worker died after deciding them, its job was not delivered again)."""
+    return [row["operation_id"] for _, row in state.items(gw.RESERVED_OPERATIONS)]
+
+
 HANDLERS: dict[str, Handler] = {"Dispatch": handle_dispatch}
 STREAMS: dict[str, Streams] = {"Dispatch": _dispatch_streams}
 READS: dict[str, Reads] = {"Dispatch": _dispatch_reads}
-EFFECTS: dict[str, Effect] = {gw.OPERATION_DISPATCHING: execute_dispatch}
-OBSERVATIONS: set[str] = {gw.OPERATION_COMPLETED, gw.OPERATION_OUTCOME_UNKNOWN, gw.OPERATION_REFUSED,
-                          gw.BUDGET_SETTLED, gw.BUDGET_RELEASED}
+EFFECTS: dict[str, Effect] = {gw.OPERATION_RESERVED: execute_dispatch}
+RESUMABLE: set[str] = {gw.OPERATION_RESERVED}
+UNFINISHED: list[Unfinished] = [unfinished_dispatches]
+OBSERVATIONS: set[str] = {gw.OPERATION_DISPATCHING, gw.OPERATION_COMPLETED,
+                          gw.OPERATION_OUTCOME_UNKNOWN, gw.OPERATION_REFUSED, gw.BUDGET_SETTLED,
+                          gw.BUDGET_RELEASED}

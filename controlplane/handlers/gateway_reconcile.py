@@ -68,7 +68,8 @@ def _movement(command: ReconcileOperation, ctx: DecisionContext,
 
 
 def handle_reconcile_operation(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
-    """Resolve an unknown (or lease-expired dispatching) operation from evidence, once."""
+    """Resolve an unknown (or lease-expired dispatching or reserved) operation from evidence,
+    once."""
     assert isinstance(command, ReconcileOperation)
     policy = ctx.policies.in_force(ctx.state, "gateway")
     row = ctx.state.get(gw.OPERATIONS, gw.operation_key(command.tenant, command.idempotency_key))
@@ -79,7 +80,15 @@ def handle_reconcile_operation(command: CommandBase, ctx: DecisionContext) -> li
         return _refused(command, ctx, policy, Reason(
             "operation_already_settled", "a settled operation is never reconciled again", facts))
     lease = policy.parameters["dispatch_lease_seconds"]
-    elapsed = seconds_between(row.get("dispatching_at"), command.at)
+    # A reserved operation was never marked, so never sent: once its lease from the reservation
+    # has passed (its worker gone, its job given up), "not_processed" may release its grant.
+    reserved = row["state"] == "reserved"
+    elapsed = seconds_between(row.get("created_at") if reserved else row.get("dispatching_at"),
+                              command.at)
+    if reserved and command.resolution != "not_processed":
+        return _refused(command, ctx, policy, Reason(
+            "operation_never_dispatched", "the operation was never sent to a provider, so it "
+            "cannot have completed", facts))
     if row["state"] != "unknown" and (elapsed is None or elapsed < lease):
         return _refused(command, ctx, policy, Reason(
             "operation_in_progress", "the dispatch lease has not expired; its result may still come",

@@ -58,6 +58,11 @@ BUDGET_EVENTS = (BUDGET_CONFIGURED, BUDGET_RESERVED, BUDGET_SETTLED, BUDGET_RELE
                  BUDGET_RECONCILED)
 
 
+# Operations reserved and not yet marked dispatching (never sent): what a worker that died after
+# deciding left to resume, kept apart so that finding them reads no other operation.
+RESERVED_OPERATIONS = "operation_reserved"
+
+
 def operation_key(tenant: str, idempotency_key: str) -> str:
     """The operation's projection key; tenant names and keys contain no "/"."""
     return f"{tenant}/{idempotency_key}"
@@ -102,16 +107,25 @@ def _update_operation(state: StateStore, event: RecordedEvent, changes: dict[str
 
 def _reserved(state: StateStore, event: RecordedEvent) -> None:
     operation = event.data["result"]["operation"]
-    state.put(OPERATIONS, operation_key(operation["tenant"], operation["idempotency_key"]),
+    key = operation_key(operation["tenant"], operation["idempotency_key"])
+    state.put(OPERATIONS, key,
               {**operation, "state": "reserved", "dispatch_count": 0, "outcome_code": None,
                "answer_event_id": None, "reserved_event_id": event.event_id, "replays": 0,
                "updated_position": event.position})
+    state.put(RESERVED_OPERATIONS, key, {"operation_id": operation["operation_id"]})
+
+
+def _left_reserved(state: StateStore, event: RecordedEvent) -> None:
+    """Marked, or settled by a reconciliation before it was: no longer waiting to be sent."""
+    result = event.data["result"]
+    state.delete(RESERVED_OPERATIONS, operation_key(result["tenant"], result["idempotency_key"]))
 
 
 def _dispatching(state: StateStore, event: RecordedEvent) -> None:
     _update_operation(state, event, {"state": "dispatching", "dispatch_count": 1,
                                      "dispatching_at": event.occurred_at,
                                      "dispatching_event_id": event.event_id})
+    _left_reserved(state, event)
 
 
 def _settled_state(state: StateStore, event: RecordedEvent) -> None:
@@ -139,6 +153,6 @@ PROJECTORS: dict[str, list[Projector]] = {
     OPERATION_COMPLETED: [_settled_state],
     OPERATION_OUTCOME_UNKNOWN: [_settled_state],
     OPERATION_REFUSED: [_settled_state],
-    OPERATION_RECONCILED: [_settled_state],
+    OPERATION_RECONCILED: [_settled_state, _left_reserved],
     OPERATION_REPLAYED: [_replayed],
 }

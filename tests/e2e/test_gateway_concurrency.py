@@ -132,6 +132,32 @@ def test_a_worker_dying_mid_call_leaves_the_operation_dispatching_and_never_call
     assert verify_decisions(store).drifts == []
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_worker_dying_during_one_call_leaves_its_batchs_other_operations_unsent_then_resumed(
+        gateway: GatewayDriver, real_redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Marked together with the decision, the batch's other operations had stayed dispatching,
+    never sent, until the lease made them unknown outcomes; marked one at a time, they stay
+    reserved until the job delivered again (or a worker's reconcile) sends each once."""
+    store, provider = gateway.store, gateway.provider
+    monkeypatch.setenv("FLEET_BATCH_SIZE", "3")
+    keys = ("crash", "next-1", "next-2")
+    provider.script(Fault("crash_after_send", idempotency_key="crash"))
+    now = datetime.now(UTC)
+    batch = [dispatch("alice", key, at=now) for key in keys]
+    enqueue_commands(real_redis, Settings(batch_size=len(keys)), accept(store, batch))
+    for worker in start_workers(1):
+        worker.wait(timeout=120)  # its work horse dies in the first call
+    time.sleep(1.5)  # let RQ's retry of the failed job fall due, then serve it
+    for worker in start_workers(1):
+        assert worker.wait(timeout=120) == 0
+    states = [gateway.operation("acme", key)["state"] for key in keys]  # type: ignore[index]
+    assert states == ["dispatching", "completed", "completed"]
+    assert [gateway.calls(key=key) for key in keys] == [1, 1, 1]
+    assert gateway.budget()["reserved_units"] == GRANT_UNITS  # the crashed call's grant only
+    assert verify_decisions(store).drifts == []
+    assert compare_with_live(store) == []
+
+
 def _rows(store: EventStore, name: str) -> list[tuple[str, dict[str, Any]]]:
     with store.engine.connect() as conn:
         return list(SqlProjections(conn).items(name))

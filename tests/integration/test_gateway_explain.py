@@ -82,7 +82,9 @@ def test_fleetctl_explain_by_dispatch_command_id_shows_the_decision_and_its_obse
     result = run_cli("explain", command.command_id, "--json")
     assert result.exit_code == 0, result.stderr
     types = [step["event_type"] for step in json.loads(result.output)["chain"]]
-    assert types[:5] == ["OperationReserved", "OperationDispatching", "BudgetReserved",
+    # The decision (reserve the operation and its grant), then what its effect recorded: the
+    # mark just before the call, the answer and the settlement.
+    assert types[:5] == ["OperationReserved", "BudgetReserved", "OperationDispatching",
                          "OperationCompleted", "BudgetSettled"]
 
 

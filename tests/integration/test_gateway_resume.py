@@ -1,0 +1,70 @@
+"""A batch's operations are marked dispatching one at a time, just before each call; those a
+worker never reached stay reserved, never sent, and are resumed, each at most once."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from controlplane.commands.gateway import ReconcileOperation
+from controlplane.deciding import Prepared, decide_batch
+from controlplane.gateway.scenario import GatewayDriver, dispatch
+from controlplane.policy_book import PolicyBook
+from controlplane.service import accept, decide, unfinished_command_ids
+from controlplane.settings import Settings
+from tests.fleet_helpers import decision
+from workers.pipeline import reconcile
+
+KEYS = ("first", "second")
+
+
+def decided_without_effects(gateway: GatewayDriver, *keys: str, at: datetime) -> list[str]:
+    """Dispatches accepted and decided as a worker that died right after its commit left them."""
+    store = gateway.store
+    commands = [dispatch("alice", key, at=at) for key in keys]
+    ids = accept(store, commands)
+    accepted = {e.command_id: e for c in ids for e in store.events_for_command(c)}
+    decide_batch(store, [Prepared(c.command_id, accepted[c.command_id], c) for c in commands],
+                 PolicyBook())
+    return ids
+
+
+def test_operations_a_dead_worker_never_marked_are_reserved_unsent_and_reconcile_resumes_them(
+        gateway: GatewayDriver) -> None:
+    ids = decided_without_effects(gateway, *KEYS, at=datetime.now(UTC))
+    assert [gateway.operation("acme", k)["state"] for k in KEYS] == ["reserved", "reserved"]  # type: ignore[index]
+    assert [gateway.calls(key=k) for k in KEYS] == [0, 0]
+    assert sorted(unfinished_command_ids(gateway.store)) == sorted(ids)
+
+    resumed = reconcile(Settings.from_env(), gateway.store)
+
+    assert sorted(resumed.accepted_ids) == sorted(ids)
+    assert [gateway.operation("acme", k)["state"] for k in KEYS] == ["completed", "completed"]  # type: ignore[index]
+    assert [gateway.calls(key=k) for k in KEYS] == [1, 1]
+    assert unfinished_command_ids(gateway.store) == []
+    # Delivered once more, nothing is sent again: each is marked, so none is reserved.
+    decide(gateway.store, ids)
+    assert [gateway.calls(key=k) for k in KEYS] == [1, 1]
+
+
+def test_a_reserved_operation_reconciled_as_not_processed_is_never_sent(
+        gateway: GatewayDriver) -> None:
+    """Its worker gone and its job given up, after the lease the operator releases the grant:
+    a worker resuming it later finds it settled and calls nothing."""
+    at = datetime.now(UTC)
+    decided_without_effects(gateway, "stuck", at=at)
+    early = ReconcileOperation(tenant="acme", idempotency_key="stuck", resolution="not_processed",
+                               evidence_ref="ops-ticket", at=at + timedelta(seconds=5))
+    done = ReconcileOperation(tenant="acme", idempotency_key="stuck", resolution="completed",
+                              evidence_ref="ops-ticket", answer_text="x", output_tokens=1,
+                              at=at + timedelta(seconds=901))
+    late = ReconcileOperation(tenant="acme", idempotency_key="stuck", resolution="not_processed",
+                              evidence_ref="ops-ticket", at=at + timedelta(seconds=902))
+    gateway.run(early, done, late)
+    codes = [decision(gateway.store, c.command_id).data["reasons"][0]["code"]
+             for c in (early, done, late)]
+    assert codes == ["operation_in_progress", "operation_never_dispatched",
+                     "reconciled_not_processed"]
+    assert gateway.operation("acme", "stuck")["state"] == "failed"  # type: ignore[index]
+    assert gateway.budget()["reserved_units"] == 0
+    reconcile(Settings.from_env(), gateway.store)
+    assert gateway.calls(key="stuck") == 0
