@@ -273,6 +273,10 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
     commands: dict[str, tuple[dict[str, Any], str]] = {}
     report = VerifyReport()
     group: list[RecordedEvent] = []
+    # Observations of the open decision's command, folded once it is complete. Effects append
+    # them after the decision, but in logs written before effects marked their operations
+    # themselves, a dispatching mark sat inside the decision's events.
+    observed: list[RecordedEvent] = []
 
     def settle() -> None:
         if group:
@@ -280,6 +284,9 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
             for event in group:
                 _fold_one(state, versions, event)
             group.clear()
+        for event in observed:
+            _fold_one(state, versions, event)
+        observed.clear()
 
     # One event past the cut is read only to tell whether the decision open there ends at it.
     read_to = None if to_position is None else to_position + 1
@@ -291,6 +298,10 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
                     group.clear()
                 break
             joins = bool(group) and _continues(group, event)
+            if not joins and group and event.event_type in OBSERVATIONS \
+                    and event.command_id == group[0].command_id:
+                observed.append(event)
+                continue
             if not joins:
                 settle()
             if event.event_type == ACCEPTED:

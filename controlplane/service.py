@@ -110,11 +110,11 @@ def decide(store: EventStore, command_ids: Sequence[str],
         decided = decide_batch(store, prepared, policies, connection) if prepared else []
     by_id = {outcome.command_id: outcome for outcome in [*done, *decided]}
     outcomes = [by_id[command_id] for command_id in ids if command_id in by_id]
-    run_effects(store, outcomes)
     issued = [e.command_id for o in outcomes if o.decided_now for e in o.events
               if e.event_type == ACCEPTED and e.command_id]
     if issued and enqueue is not None:
-        enqueue(issued)
+        enqueue(issued)  # before the effects: one that raises (to be resumed) leaves them queued
+    run_effects(store, outcomes)
     return outcomes
 
 

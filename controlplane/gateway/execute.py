@@ -35,6 +35,7 @@ from controlplane.gateway.world import budget_of, route_pricing
 from controlplane.policies.gateway_budget import BudgetMovement, release, settle
 from controlplane.policies.gateway_worksheet import request_cost
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
+from controlplane.policy_book import PolicyBook
 from controlplane.state import gateway as gw
 from controlplane.state.fold import apply_event
 from events.model import NewEvent, RecordedEvent, StreamAppend, derived_event_id
@@ -75,7 +76,13 @@ ROUTE_FIELDS = ("route_id", "adapter_kind", "provider", "pool", "profile_id", "m
 
 
 def _mark(store: EventStore, reserved: RecordedEvent) -> RecordedEvent | None:
-    """`OperationDispatching`, appended if the operation is still reserved; else None."""
+    """`OperationDispatching`, appended if the operation is still reserved; else None.
+
+    A reservation older than the dispatch lease (its worker died, and the job came back late)
+    is not sent at all: the caller was told the outcome is unknown past the lease and may have
+    moved on, and the route, principal or sources it was authorised on may have changed since.
+    It is settled as expired, its grant released, and None returned.
+    """
     operation = reserved.data["result"]["operation"]
     with store.transaction() as tx:
         row = tx.projections.get(gw.OPERATIONS, gw.operation_key(operation["tenant"],
@@ -83,17 +90,34 @@ def _mark(store: EventStore, reserved: RecordedEvent) -> RecordedEvent | None:
         if row is None or row["state"] != "reserved" \
                 or row["operation_id"] != operation["operation_id"]:
             return None
+        waited = _seconds_since(reserved.recorded_at)
+        lease = PolicyBook().in_force(tx.projections, "gateway").parameters["dispatch_lease_seconds"]
+        if waited > lease:
+            for expired in tx.append(_expired(reserved, waited, lease)(tx, row)):
+                apply_event(tx.projections, expired)
+            log.warning("gateway_reservation_expired", command_id=reserved.command_id,
+                        waited_seconds=round(waited, 1))
+            return None
         result = {"tenant": row["tenant"], "idempotency_key": row["idempotency_key"],
                   "operation_id": row["operation_id"], **{k: row[k] for k in ROUTE_FIELDS},
                   "provider_idempotency_key": row["operation_id"], "dispatch_count": 1}
+        # Stamped with the request's own (logical) time, as replays and reconciliations measure
+        # the lease against their commands' times; the wall clock would mix two clocks.
         event = _observation(reserved, tx, "dispatching", gw.OPERATION_DISPATCHING, "dispatching",
                              [Reason("dispatch_marked", "the operation may reach the provider from "
                                      "now on; it will never be dispatched again",
-                                     {"dispatch_count": 1})], result)
+                                     {"dispatch_count": 1})], result,
+                             occurred_at=reserved.occurred_at)
         (marked,) = tx.append([StreamAppend(reserved.stream_id,
                                             tx.stream_version(reserved.stream_id), [event])])
         apply_event(tx.projections, marked)
     return marked
+
+
+def _seconds_since(recorded_at: str) -> float:
+    """Wall-clock seconds since a row's `recorded_at` (both this machine's clock, never a
+    command's logical time)."""
+    return (datetime.now(UTC) - datetime.fromisoformat(recorded_at)).total_seconds()
 
 
 def _execute(store: EventStore, event: RecordedEvent) -> None:
@@ -163,14 +187,16 @@ def _record(store: EventStore, event: RecordedEvent, build: Build, fail: bool = 
 
 
 def _observation(source: RecordedEvent, tx: LogTransaction, slot: str, event_type: str,
-                 outcome: str, reasons: list[Reason], result: dict[str, Any]) -> NewEvent:
+                 outcome: str, reasons: list[Reason], result: dict[str, Any],
+                 occurred_at: str | None = None) -> NewEvent:
+    """What an effect observed; it occurred now (wall clock) unless `occurred_at` says when."""
     data = {"outcome": outcome, "reasons": to_plain(reasons), "result": to_plain(result),
             "policy": None, "inputs": {}, "read_position": tx.head_position,
             "causes": [source.event_id], "observed": True}
     return NewEvent(event_id=derived_event_id(source.command_id or source.event_id, slot),
                     event_type=event_type, data=data,
-                    occurred_at=datetime.now(UTC).isoformat(timespec="microseconds")
-                    .replace("+00:00", "Z"),
+                    occurred_at=occurred_at or datetime.now(UTC).isoformat(
+                        timespec="microseconds").replace("+00:00", "Z"),
                     command_id=source.command_id, causation_id=source.event_id,
                     correlation_id=source.correlation_id, actor=EXECUTOR, tenant=source.tenant)
 
@@ -239,6 +265,24 @@ def _unknown(source: RecordedEvent, outcome_code: str, detail: str) -> Build:
                              [reason], {**_identity(operation, "unknown", outcome_code),
                                         "detail": detail})
         return [StreamAppend(source.stream_id, tx.stream_version(source.stream_id), [event])]
+    return build
+
+
+def _expired(source: RecordedEvent, waited: float, lease: float) -> Build:
+    """A reservation never sent, found past the lease: failed, its grant released."""
+    def build(tx: LogTransaction, operation: dict[str, Any]) -> list[StreamAppend]:
+        budget = budget_of(tx.projections, operation["budget_id"])
+        assert budget is not None
+        movement = release(budget, operation["grant_units"], "grant_released_reservation_expired")
+        reason = Reason("reservation_expired", "the request was never sent and its lease has run "
+                        "out; it will not be sent", {"waited_seconds": round(waited, 3),
+                                                     "lease_seconds": lease})
+        event = _observation(source, tx, "observed-outcome", gw.OPERATION_REFUSED,
+                             "reservation_expired", [reason],
+                             {**_identity(operation, "failed", "reservation_expired"),
+                              "detail": "never sent"})
+        return [StreamAppend(source.stream_id, tx.stream_version(source.stream_id), [event]),
+                _budget_append(source, tx, operation, gw.BUDGET_RELEASED, movement)]
     return build
 
 

@@ -116,7 +116,7 @@ def _reserved(state: StateStore, event: RecordedEvent) -> None:
 
 
 def _left_reserved(state: StateStore, event: RecordedEvent) -> None:
-    """Marked, or settled by a reconciliation before it was: no longer waiting to be sent."""
+    """Marked, or settled before it was (reconciled, expired): no longer waiting to be sent."""
     result = event.data["result"]
     state.delete(RESERVED_OPERATIONS, operation_key(result["tenant"], result["idempotency_key"]))
 
@@ -152,7 +152,7 @@ PROJECTORS: dict[str, list[Projector]] = {
     OPERATION_DISPATCHING: [_dispatching],
     OPERATION_COMPLETED: [_settled_state],
     OPERATION_OUTCOME_UNKNOWN: [_settled_state],
-    OPERATION_REFUSED: [_settled_state],
+    OPERATION_REFUSED: [_settled_state, _left_reserved],
     OPERATION_RECONCILED: [_settled_state, _left_reserved],
     OPERATION_REPLAYED: [_replayed],
 }

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from controlplane.commands.gateway import ReconcileOperation
 from controlplane.deciding import Prepared, decide_batch
+from controlplane.gateway import execute
+from controlplane.gateway.fixture_provider import Fault
 from controlplane.gateway.scenario import GatewayDriver, dispatch
 from controlplane.policy_book import PolicyBook
 from controlplane.service import accept, decide, unfinished_command_ids
@@ -68,3 +72,35 @@ def test_a_reserved_operation_reconciled_as_not_processed_is_never_sent(
     assert gateway.budget()["reserved_units"] == 0
     reconcile(Settings.from_env(), gateway.store)
     assert gateway.calls(key="stuck") == 0
+
+
+def test_a_reservation_resumed_past_its_lease_is_never_sent_and_its_grant_is_released(
+        gateway: GatewayDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its worker died and the job came back after the lease (wall clock): the caller was told
+    the outcome is unknown and the route or its authorisation may have changed since."""
+    ids = decided_without_effects(gateway, "stale", at=datetime.now(UTC))
+    lease = 900.0  # the gateway policy's default dispatch_lease_seconds
+    monkeypatch.setattr(execute, "_seconds_since", lambda recorded_at: lease + 1)
+    reconcile(Settings.from_env(), gateway.store)
+    assert gateway.calls(key="stale") == 0
+    operation = gateway.operation("acme", "stale")
+    assert operation is not None and (operation["state"], operation["outcome_code"]) == (
+        "failed", "reservation_expired")
+    assert gateway.budget()["reserved_units"] == 0
+    assert unfinished_command_ids(gateway.store) == []
+    assert decision(gateway.store, ids[0]).event_type == "OperationReserved"
+
+
+def test_the_dispatching_mark_carries_the_requests_own_time_as_the_lease_is_measured_in_it(
+        gateway: GatewayDriver) -> None:
+    """Replays and reconciliations measure the lease against their commands' times: stamped
+    with the wall clock, a request dated ahead of it was unknown 5 s after being sent."""
+    at = datetime.now(UTC) + timedelta(hours=1)
+    # The answer's write and the smaller "unknown" write both fail: it stays dispatching.
+    gateway.provider.script(Fault("persist_and_mark_fail", idempotency_key="ahead"))
+    gateway.send(dispatch("alice", "ahead", at=at))
+    operation = gateway.operation("acme", "ahead")
+    assert operation is not None and operation["state"] == "dispatching"
+    assert operation["dispatching_at"] == operation["created_at"]
+    retry = gateway.send(dispatch("alice", "ahead", at=at + timedelta(seconds=5)))
+    assert retry["outcome"] == "operation_in_progress"
