@@ -24,8 +24,8 @@ from controlplane.commands.gateway import (
 )
 from controlplane.decisions import ACCEPTED
 from controlplane.errors import SubmissionRejected
-from controlplane.gateway.execute import EXECUTOR
 from controlplane.gateway.fixture_provider import FIXTURE_DIR_ENV, Fault, FixtureProvider
+from controlplane.gateway.observations import EXECUTOR
 from controlplane.gateway.scenario import GatewayDriver, common_fixture, dispatch
 from controlplane.handlers import OBSERVATIONS
 from controlplane.policies.prefix_cache import CacheScope, PrefixCache, ScopeSelector

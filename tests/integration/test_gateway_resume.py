@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controlplane.commands.gateway import ReconcileOperation
+from controlplane.commands.gateway import ReconcileOperation, RevokePrincipal, RevokeSource
 from controlplane.deciding import Prepared, decide_batch
-from controlplane.gateway import execute
+from controlplane.gateway import mark
 from controlplane.gateway.fixture_provider import Fault
-from controlplane.gateway.scenario import GatewayDriver, dispatch
+from controlplane.gateway.scenario import GatewayDriver, dispatch, route
 from controlplane.policy_book import PolicyBook
 from controlplane.service import accept, decide, unfinished_command_ids
 from controlplane.settings import Settings
@@ -80,7 +80,7 @@ def test_a_reservation_resumed_past_its_lease_is_never_sent_and_its_grant_is_rel
     the outcome is unknown and the route or its authorisation may have changed since."""
     ids = decided_without_effects(gateway, "stale", at=datetime.now(UTC))
     lease = 900.0  # the gateway policy's default dispatch_lease_seconds
-    monkeypatch.setattr(execute, "_seconds_since", lambda recorded_at: lease + 1)
+    monkeypatch.setattr(mark, "seconds_since", lambda recorded_at: lease + 1)
     reconcile(Settings.from_env(), gateway.store)
     assert gateway.calls(key="stale") == 0
     operation = gateway.operation("acme", "stale")
@@ -104,3 +104,23 @@ def test_the_dispatching_mark_carries_the_requests_own_time_as_the_lease_is_meas
     assert operation["dispatching_at"] == operation["created_at"]
     retry = gateway.send(dispatch("alice", "ahead", at=at + timedelta(seconds=5)))
     assert retry["outcome"] == "operation_in_progress"
+
+
+@pytest.mark.parametrize("withdrawal", ["route", "principal", "source"])
+def test_a_resumed_reservation_whose_authorisation_was_withdrawn_is_never_sent(
+        gateway: GatewayDriver, withdrawal: str) -> None:
+    """Within the lease, but the route was withdrawn, the caller or a source revoked since the
+    reservation: what the decision checked is checked again just before the call."""
+    at = datetime.now(UTC)
+    decided_without_effects(gateway, "late", at=at)
+    later = at + timedelta(seconds=1)
+    gateway.run({"route": route("sh-1", approved=False, at=later),
+                 "principal": RevokePrincipal(tenant="acme", principal_id="alice", at=later),
+                 "source": RevokeSource(tenant="acme", source_ref="doc-a", at=later)}[withdrawal])
+    reconcile(Settings.from_env(), gateway.store)
+    assert gateway.calls(key="late") == 0
+    operation = gateway.operation("acme", "late")
+    assert operation is not None and operation["state"] == "failed"
+    assert operation["outcome_code"] == {"route": "route_withdrawn", "principal": "identity_revoked",
+                                         "source": "source_revoked"}[withdrawal]
+    assert gateway.budget()["reserved_units"] == 0

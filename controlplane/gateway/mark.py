@@ -1,0 +1,104 @@
+"""Marking a reserved operation `dispatching`, just before its call (spec §5.1 step 7).
+
+Only a transaction that finds the operation still `reserved`, under the append lock, marks it,
+and only the marker calls: so marking may be attempted again (a job delivered again after its
+worker died) and still at most one call is made. A reservation that should no longer be sent is
+settled instead (`observations.unsent`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from controlplane.gateway.observations import observation, unsent
+from controlplane.gateway.world import principal_of, refs_of, sources_of, tenant_of
+from controlplane.policies.gateway_authorise import authorise_evidence, authorise_identity
+from controlplane.policies.reasons import Reason
+from controlplane.policy_book import PolicyBook
+from controlplane.state import gateway as gw
+from controlplane.state.fold import apply_event
+from events.model import RecordedEvent, StreamAppend
+from events.projections import StateView
+from events.store import EventStore
+
+log = structlog.get_logger(__name__)
+
+ROUTE_FIELDS = ("route_id", "adapter_kind", "provider", "pool", "profile_id", "model_id",
+                "input_tokens", "max_output_tokens", "network_policy")
+
+
+def mark_reserved(store: EventStore, reserved: RecordedEvent) -> RecordedEvent | None:
+    """`OperationDispatching`, appended if the operation is still reserved; else None.
+
+    A reservation older than the dispatch lease (its worker died, and the job came back late)
+    is not sent at all: the caller was told the outcome is unknown past the lease and may have
+    moved on. Nor is one whose authorisation no longer holds (its principal or a source revoked,
+    its route withdrawn or not ready, or no longer private for a private-only request), which a
+    resumed reservation may meet. Either is settled as failed, its grant released, and None
+    returned.
+    """
+    operation = reserved.data["result"]["operation"]
+    with store.transaction() as tx:
+        row = tx.projections.get(gw.OPERATIONS, gw.operation_key(operation["tenant"],
+                                                                  operation["idempotency_key"]))
+        if row is None or row["state"] != "reserved" \
+                or row["operation_id"] != operation["operation_id"]:
+            return None
+        waited = seconds_since(reserved.recorded_at)
+        lease = PolicyBook().in_force(tx.projections, "gateway").parameters["dispatch_lease_seconds"]
+        why_not = [Reason("reservation_expired", "the request was never sent and its lease has "
+                          "run out; it will not be sent", {"waited_seconds": round(waited, 3),
+                                                           "lease_seconds": lease})] \
+            if waited > lease else withdrawn(tx.projections, row)
+        if why_not:
+            for settled in tx.append(unsent(reserved, why_not)(tx, row)):
+                apply_event(tx.projections, settled)
+            log.warning("gateway_reservation_not_sent", command_id=reserved.command_id,
+                        reason=why_not[0].code)
+            return None
+        result = {"tenant": row["tenant"], "idempotency_key": row["idempotency_key"],
+                  "operation_id": row["operation_id"], **{k: row[k] for k in ROUTE_FIELDS},
+                  "provider_idempotency_key": row["operation_id"], "dispatch_count": 1}
+        # Stamped with the request's own (logical) time, as replays and reconciliations measure
+        # the lease against their commands' times; the wall clock would mix two clocks.
+        event = observation(reserved, tx, "dispatching", gw.OPERATION_DISPATCHING, "dispatching",
+                            [Reason("dispatch_marked", "the operation may reach the provider from "
+                                    "now on; it will never be dispatched again",
+                                    {"dispatch_count": 1})], result,
+                            occurred_at=reserved.occurred_at)
+        (marked,) = tx.append([StreamAppend(reserved.stream_id,
+                                            tx.stream_version(reserved.stream_id), [event])])
+        apply_event(tx.projections, marked)
+    return marked
+
+
+def seconds_since(recorded_at: str) -> float:
+    """Wall-clock seconds since a row's `recorded_at` (both this machine's clock, never a
+    command's logical time)."""
+    return (datetime.now(UTC) - datetime.fromisoformat(recorded_at)).total_seconds()
+
+
+def withdrawn(state: StateView, operation: dict[str, Any]) -> list[Reason]:
+    """Why the reservation's authorisation no longer holds (empty when it does): what a
+    decision checked, checked again just before the call."""
+    principal = principal_of(state, operation["principal_id"])
+    identity = authorise_identity(operation["tenant"], operation["principal_id"], principal,
+                                  tenant_of(state, operation["tenant"]))
+    if not identity.allowed or principal is None:
+        return list(identity.reasons)
+    evidence = authorise_evidence(principal, refs_of(operation["evidence"]), sources_of(state))
+    if not evidence.allowed:
+        return list(evidence.reasons)
+    route = state.get(gw.REGISTRIES["route"], operation["route_id"]) or {}
+    private_only = operation["network_policy"] == "private_only"
+    if not route.get("approved") or not route.get("ready") \
+            or (private_only and not route.get("private")):
+        return [Reason("route_withdrawn", "the route chosen at reservation is no longer approved, "
+                       "ready and within the request's network policy",
+                       {"route_id": operation["route_id"], "approved": route.get("approved"),
+                        "ready": route.get("ready"), "private": route.get("private"),
+                        "network_policy": operation["network_policy"]})]
+    return []
