@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from controlplane.commands.base import MAX_GPU_MEMORY_GIB, MAX_TOKENS, CommandBase, Frozen, Name
+from controlplane.commands.base import (
+    MAX_GPU_MEMORY_GIB,
+    MAX_TOKENS,
+    CommandBase,
+    Frozen,
+    Name,
+    NodeId,
+)
 from controlplane.commands.memory import ModelMemorySpec
 
 Capability = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
@@ -26,17 +33,18 @@ class RegisterNode(CommandBase):
     """Add a node and its GPUs to the inventory, with its failure and link domains."""
 
     type: Literal["RegisterNode"] = "RegisterNode"
-    node_id: Name
+    node_id: NodeId
     rack: Name = "rack-0"
     link_domain: Name | None = None
     gpus: Annotated[list[GpuSpec], Field(min_length=1, max_length=MAX_GPUS_PER_NODE)]
 
-    @model_validator(mode="after")
-    def _unique_gpu_ids(self) -> RegisterNode:
-        ids = [gpu.gpu_id for gpu in self.gpus]
+    @field_validator("gpus")
+    @classmethod
+    def _unique_gpu_ids(cls, gpus: list[GpuSpec]) -> list[GpuSpec]:
+        ids = [gpu.gpu_id for gpu in gpus]
         if len(set(ids)) != len(ids):
             raise ValueError("gpu ids must be unique within a node")
-        return self
+        return gpus
 
     def creates(self) -> list[str]:
         return [f"node/{self.node_id}"]
@@ -46,7 +54,7 @@ class CordonNode(CommandBase):
     """Stop placing replicas on a node; replicas already there keep running."""
 
     type: Literal["CordonNode"] = "CordonNode"
-    node_id: Name
+    node_id: NodeId
     reason: Annotated[str, Field(max_length=500)] = ""
 
     def references(self) -> list[tuple[str, str]]:
@@ -57,7 +65,7 @@ class DrainNode(CommandBase):
     """Cordon a node and release every replica on it."""
 
     type: Literal["DrainNode"] = "DrainNode"
-    node_id: Name
+    node_id: NodeId
     reason: Annotated[str, Field(max_length=500)] = ""
 
     def references(self) -> list[tuple[str, str]]:

@@ -62,13 +62,12 @@ def _assess(model: dict[str, Any], command: PlaceReplica, tp: int, gpu_memory_gi
         runtime_overhead_gib=command.runtime_overhead_gib, usable_fraction=usable_fraction))
 
 
-def _layout(model: dict[str, Any], command: PlaceReplica, fleet: GpuIndex,
+def _layout(model: dict[str, Any], command: PlaceReplica, most_free: float,
             policy: PolicyInForce) -> tuple[int, MemoryAssessment, Reason]:
-    """The tensor-parallel width: as commanded, else the smallest power of two that fits."""
+    """The tensor-parallel width: as commanded, else the smallest power of two that fits the
+    largest GPU the placement could take (`most_free`, see `_most_free`)."""
     fraction = policy.parameters["usable_fraction"]
-    # Division is monotonic, so this is the largest of every GPU's free memory / fraction.
-    most_free = fleet.largest_free_gib()
-    largest = most_free / fraction if most_free is not None else 0.0
+    largest = most_free / fraction  # division is monotonic: the largest GPU's memory
     if command.tensor_parallel_size is not None:
         tp = command.tensor_parallel_size
         return tp, _assess(model, command, tp, largest, fraction), Reason(
@@ -100,8 +99,12 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
             "unknown_model", "model_id", f"model {command.model_id} is not registered"), stream)
     policy = ctx.policies.in_force(ctx.state, "placement")
     fleet = fleet_index(ctx.state, policy)
+    most_free = _most_free(fleet, command)
+    if most_free is None:
+        return _refused(command, ctx, policy, fleet, model, [Reason(
+            "no_gpus", "the fleet has no GPU to place a replica on", {"gpus_considered": 0})])
     try:
-        tp, assessment, layout = _layout(model, command, fleet, policy)
+        tp, assessment, layout = _layout(model, command, most_free, policy)
         request = PlacementRequest(
             replica=command.replica_id, model_revision=command.model_id, gpus_required=tp,
             memory_gib_per_gpu=assessment.required_gib_per_gpu,
@@ -125,7 +128,7 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
         by_node.setdefault(node_id, []).append(gpu_id)
     placed_memory = min(g.free_memory_gib for g in fleet.chosen(decision.gpu_ids))
     # On GPUs as large as the largest, the assessment is the one the layout made (same inputs).
-    on_chosen = assessment if placed_memory == fleet.largest_free_gib() else _assess(
+    on_chosen = assessment if placed_memory == most_free else _assess(
         model, command, tp, placed_memory / policy.parameters["usable_fraction"],
         policy.parameters["usable_fraction"])
     replica = {"replica_id": command.replica_id, "model_id": command.model_id,
@@ -142,6 +145,30 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
             command, ctx, f"reserve/{node_id}", GPUS_RESERVED,
             _gpu_change(ctx, node_id, gpu_ids, command.replica_id, command.model_id, placed.event_id))))
     return appends
+
+
+def _most_free(fleet: GpuIndex, command: PlaceReplica) -> float | None:
+    """The free memory a layout is sized on: the largest GPU this placement could take (free,
+    on a node not cordoned, with its capabilities). With none, the largest of all, so that the
+    refusal still names the width and what was short; None for a fleet with no GPU at all.
+
+    Sized on every GPU, a drained or full large node made the automatic width too narrow for
+    the GPUs actually available, and every such placement was refused."""
+    available = fleet.largest_available_gib(frozenset(command.required_capabilities))
+    return available if available is not None else fleet.largest_free_gib()
+
+
+def _refused(command: PlaceReplica, ctx: DecisionContext, policy: PolicyInForce, fleet: GpuIndex,
+             model: dict[str, Any], reasons: list[Reason]) -> list[StreamAppend]:
+    """A placement decided as impossible before any width is tried."""
+    data = decision_data(outcome="refused", reasons=reasons,
+                         result={"replica_id": command.replica_id, "pool_id": command.pool_id,
+                                 "tensor_parallel": command.tensor_parallel_size, "memory": None},
+                         policy=policy, inputs={"command": command.payload(), "model": model,
+                                                "gpus_considered": fleet.gpu_count},
+                         ctx=ctx, causes=_causes(command))
+    return [append_to(f"replica/{command.replica_id}", ctx,
+                      new_event(command, ctx, "decision", PLACEMENT_REFUSED, data))]
 
 
 def _causes(command: CommandBase) -> list[str]:

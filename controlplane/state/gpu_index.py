@@ -127,6 +127,17 @@ class GpuIndex:
         """The most free memory of any GPU, available or not; None for an empty fleet."""
         return max(self._free_values) if self._free_values else None
 
+    def largest_available_gib(self, required: Set[str]) -> float | None:
+        """The most free memory of any GPU a placement could take: unreserved, on a node not
+        cordoned, with every capability in `required`; None if there is none. Read from the node
+        signatures (a few distinct shapes), not GPU by GPU."""
+        best: float | None = None
+        for signature in self._groups:
+            for (capabilities, free, _), _count in signature:
+                if (best is None or free > best) and required <= capabilities:
+                    best = free
+        return best
+
     def chosen(self, identifiers: Sequence[str]) -> list[GPU]:
         """The GPUs with these identifiers (on a fleet that is not clean, found by a scan)."""
         wanted = set(identifiers)

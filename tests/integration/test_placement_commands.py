@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -10,9 +11,10 @@ from controlplane.errors import SubmissionRejected
 from controlplane.explain import explain_id
 from controlplane.faults.invariants import gpu_holds
 from controlplane.replay import compare_with_live, verify_decisions
+from controlplane.submission import read_submission
 from events.store import EventStore
 from tests.factories import place_replica, register_model, register_node
-from tests.fleet_helpers import run
+from tests.fleet_helpers import decision, run
 
 pytestmark = pytest.mark.usefixtures("embedded_queue")
 
@@ -115,3 +117,46 @@ def test_decisions_record_the_policy_version_they_used(store: EventStore) -> Non
     versions = [e.data["policy"]["version"] for e in decisions(store, "ReplicaPlaced")]
     assert versions == [0, 1]
     assert verify_decisions(store).drifts == []
+
+
+def test_a_node_id_with_the_gpu_separator_is_refused_at_submit() -> None:
+    """GPUs are named `<node>:<gpu>`: node `a:b`'s GPU `g0` read back as node `a`'s GPU `b:g0`,
+    so its reservation went to another node's stream and the GPU could be reserved twice."""
+    with pytest.raises(SubmissionRejected) as refused:
+        read_submission(json.dumps(register_node("a:b", gpus=1)))
+    assert [problem.field for problem in refused.value.problems] == ["node_id"]
+
+
+def test_duplicate_gpu_ids_are_refused_naming_the_gpus_field() -> None:
+    node = register_node("n1", gpus=1)
+    node["gpus"] = node["gpus"] * 2
+    with pytest.raises(SubmissionRejected) as refused:
+        read_submission(json.dumps(node))
+    assert [problem.field for problem in refused.value.problems] == ["gpus"]
+
+
+def test_the_automatic_width_is_sized_on_the_gpus_a_placement_could_take(
+        store: EventStore) -> None:
+    """A drained 141 GiB node had set the width to 1 (a 50B model fits one such GPU), and every
+    automatic placement was refused, though two free 80 GiB GPUs fit it at width 2."""
+    model = {"type": "RegisterModel", "command_id": "model-m", "model_id": "m",
+             "memory": {"parameters": 50_000_000_000, "weight_bits": 16, "layers": 32,
+                        "kv_heads": 8, "head_dim": 128}}
+    run(store, register_node("small", gpus=2, memory_gib=80.0),
+        register_node("big", gpus=1, memory_gib=141.0), model,
+        {"type": "DrainNode", "command_id": "drain-big", "node_id": "big"},
+        place_replica("auto", model_id="m", tp=None))
+    placed = decision(store, "place-auto")
+    assert placed.data["outcome"] == "placed"
+    assert (placed.data["result"]["tensor_parallel"], placed.data["result"]["gpus"]) == (
+        2, {"small": ["g0", "g1"]})
+    assert verify_decisions(store).drifts == [] and compare_with_live(store) == []
+
+
+def test_a_placement_on_a_fleet_with_no_gpu_is_refused_not_rejected_as_bad_input(
+        store: EventStore) -> None:
+    run(store, register_model(), place_replica("r1", tp=None))
+    refused = decision(store, "place-r1")
+    assert (refused.event_type, [r["code"] for r in refused.data["reasons"]]) == (
+        "PlacementRefused", ["no_gpus"])
+    assert verify_decisions(store).drifts == [] and compare_with_live(store) == []
