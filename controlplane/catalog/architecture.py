@@ -251,7 +251,14 @@ def _sliding_window(config: Mapping[str, Any], model_type: str,
     window: int = _count(config, "sliding_window")
     if model_type == "gemma2":
         return window, -(-layers // 2)  # even-indexed layers slide, odd ones attend globally
-    if model_type == "qwen2":
-        first_windowed = config.get("max_window_layers", 0)
-        return window, max(0, layers - int(first_windowed))
+    if model_type == "qwen2":  # layers from max_window_layers on slide
+        first_windowed = config.get("max_window_layers")
+        if first_windowed is None:
+            first_windowed = 0
+        if not isinstance(first_windowed, int) or isinstance(first_windowed, bool) \
+                or not 0 <= first_windowed <= layers:
+            raise CatalogError("config_field_invalid", "max_window_layers",
+                               f"config max_window_layers must be an integer from 0 to the "
+                               f"{layers} layers, got {first_windowed!r}")
+        return window, layers - first_windowed
     return window, layers

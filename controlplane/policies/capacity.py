@@ -80,6 +80,9 @@ def _finite(value: float, code: str, field: str) -> None:
     require(math.isfinite(value), code, field, f"{field} must be finite")
 
 
+MAX_REPLICAS = 10**15
+
+
 def _validate(workloads: Sequence[WorkloadClass], benchmark: ReplicaBenchmark,
               requirements: CapacityRequirements) -> None:
     require(len(workloads) > 0, "workloads_empty", "workloads",
@@ -116,6 +119,9 @@ def _validate(workloads: Sequence[WorkloadClass], benchmark: ReplicaBenchmark,
         value = getattr(requirements, name)
         require(isinstance(value, int) and not isinstance(value, bool), "replica_bounds_invalid",
                 f"requirements.{name}", "replica bounds are whole replicas")
+        # A float holds any count below this exactly; past a float's range it had overflowed.
+        require(value <= MAX_REPLICAS, "replica_bounds_invalid", f"requirements.{name}",
+                f"replica bounds are at most {MAX_REPLICAS:.0e}")
     require(requirements.min_replicas > 0, "replica_bounds_invalid", "requirements.min_replicas",
             "at least one replica is required")
     require(requirements.max_replicas >= requirements.min_replicas, "replica_bounds_invalid",

@@ -117,7 +117,33 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Beyond any real model or deployment, and small enough that every figure stays a finite float
+# (an integer past a float's range had raised OverflowError; a product past it, infinity).
+MAX_COUNT = 10**15
+MAX_GIB = 1e9
+
+
+def _within_range(value: object, bound: float) -> bool:
+    """False only for a number beyond `bound` (an int of any size compared exactly); anything
+    else (not a number, NaN, infinity) is for the checks that name what is wrong with it."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return True
+    return (isinstance(value, float) and not math.isfinite(value)) or abs(value) <= bound
+
+
 def _validate(model: ModelMemory, deployment: DeploymentMemory) -> None:
+    for name in ("parameters", "weight_bits", "layers", "kv_heads", "head_dim", "kv_element_bytes",
+                 "kv_latent_dim"):
+        require(_within_range(getattr(model, name), MAX_COUNT), "model_field_out_of_range", name,
+                f"model {name} must be at most {MAX_COUNT:.0e}")
+    for name in ("tensor_parallel_size", "kv_shards", "max_live_tokens_per_request",
+                 "target_concurrency", "pipeline_parallel_size", "kv_window_tokens"):
+        value = getattr(deployment, name)
+        require(value is None or _within_range(value, MAX_COUNT), "deployment_field_out_of_range",
+                name, f"deployment {name} must be at most {MAX_COUNT:.0e}")
+    for name in ("gpu_memory_gib", "runtime_overhead_gib"):
+        require(_within_range(getattr(deployment, name), MAX_GIB), "deployment_field_out_of_range",
+                name, f"deployment {name} must be at most {MAX_GIB:.0e} GiB")
     for name in ("parameters", "weight_bits", "layers", "kv_heads", "head_dim", "kv_element_bytes"):
         value = getattr(model, name)
         require(_is_count(value), "model_field_not_integer", name,

@@ -44,12 +44,18 @@ __all__ = [
 ]
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _validate_params(params: PrefixCacheParams) -> None:
-    require(params.block_size_tokens > 0, "block_size_not_positive", "block_size_tokens",
-            "block_size_tokens must be positive")
+    require(_is_count(params.block_size_tokens) and params.block_size_tokens > 0,
+            "block_size_not_positive", "block_size_tokens",
+            "block_size_tokens must be a positive integer")
     capacity = params.capacity_blocks
-    require(capacity is None or capacity > 0, "capacity_blocks_not_positive", "capacity_blocks",
-            "capacity_blocks must be positive when set")
+    require(capacity is None or (_is_count(capacity) and capacity > 0),
+            "capacity_blocks_not_positive", "capacity_blocks",
+            "capacity_blocks must be a positive integer when set")
     require(params.match_granularity in tuple(MatchGranularity), "match_granularity_unknown",
             "match_granularity", "match_granularity must be block or entry")
 

@@ -95,6 +95,17 @@ def test_sliding_windows_are_read_per_family() -> None:
     assert (phi.sliding_window_tokens, phi.sliding_window_layers) == (2047, 32)
 
 
+@pytest.mark.parametrize("first_windowed", [1.5, -1, 33, True, "28"])
+def test_a_qwen2_max_window_layers_that_is_not_a_layer_index_is_refused(
+        first_windowed: object) -> None:
+    """It had been truncated (1.5 -> 1), let the windowed count pass the layer count (-1), or
+    crashed the fit with a traceback."""
+    with pytest.raises(CatalogError) as refused:
+        parse_hf_config({**LLAMA_8B, "model_type": "qwen2", "sliding_window": 4096,
+                         "use_sliding_window": True, "max_window_layers": first_windowed})
+    assert refused.value.field == "max_window_layers"
+
+
 def test_tied_embeddings_follow_the_transformers_default_per_family() -> None:
     assert parse_hf_config({**LLAMA_8B, "tie_word_embeddings": None}).tie_word_embeddings is False
     gemma = {**LLAMA_8B, "model_type": "gemma2", "tie_word_embeddings": None}

@@ -244,3 +244,10 @@ def test_bottleneck_binds_after_rounding_and_has_the_largest_unrounded_demand(
     assert plan.bottleneck in plan.binding_dimensions
     top = max(d.unrounded_replicas for d in binding)
     assert {d.dimension: d.unrounded_replicas for d in plan.demands}[plan.bottleneck] == top
+
+
+def test_a_replica_floor_past_a_floats_range_is_refused_not_overflowed() -> None:
+    with pytest.raises(PolicyInputError) as error:
+        plan_capacity([CHAT], BENCHMARK, CapacityRequirements(10**400, 10**400, 0.2, 100))
+    assert (error.value.code, error.value.field) == ("replica_bounds_invalid",
+                                                     "requirements.min_replicas")

@@ -312,3 +312,22 @@ def test_a_narrower_window_never_needs_more_memory(
     assert windowed.kv_gib_per_gpu <= unwindowed.kv_gib_per_gpu
     assert windowed.weight_gib_per_gpu == unwindowed.weight_gib_per_gpu
     assert windowed.max_concurrency >= unwindowed.max_concurrency
+
+
+@pytest.mark.parametrize(("model_change", "deployment_change", "code", "field"), [
+    ({"parameters": 10**400}, {}, "model_field_out_of_range", "parameters"),
+    ({"head_dim": 10**16}, {}, "model_field_out_of_range", "head_dim"),
+    ({}, {"max_live_tokens_per_request": 10**308}, "deployment_field_out_of_range",
+     "max_live_tokens_per_request"),
+    ({}, {"target_concurrency": 10**400}, "deployment_field_out_of_range", "target_concurrency"),
+    ({}, {"gpu_memory_gib": 1e308}, "deployment_field_out_of_range", "gpu_memory_gib"),
+])
+def test_numbers_past_any_deployment_are_refused_not_overflowed(
+        model_change: dict[str, object], deployment_change: dict[str, object], code: str,
+        field: str) -> None:
+    """A count past a float's range had raised OverflowError; finite inputs whose products
+    overflow had given infinite figures that no decision can record."""
+    with pytest.raises(PolicyInputError) as caught:
+        assess_memory(replace(UNIT_MODEL, **model_change),  # type: ignore[arg-type]
+                      unit_deployment(**deployment_change))
+    assert (caught.value.code, caught.value.field) == (code, field)

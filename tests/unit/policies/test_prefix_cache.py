@@ -221,6 +221,12 @@ def test_pure_functions_leave_the_input_state_untouched() -> None:
     (lambda: PrefixCache(0), "block_size_not_positive", "block_size_tokens"),
     (lambda: PrefixCache(2, capacity_blocks=0), "capacity_blocks_not_positive",
      "capacity_blocks"),
+    # Not integers: each had raised a bare TypeError at the first store, or counted True as 1.
+    (lambda: PrefixCache(2.5), "block_size_not_positive", "block_size_tokens"),
+    (lambda: PrefixCache(float("inf")), "block_size_not_positive", "block_size_tokens"),
+    (lambda: PrefixCache(True), "block_size_not_positive", "block_size_tokens"),
+    (lambda: PrefixCache(2, capacity_blocks=1.5), "capacity_blocks_not_positive",
+     "capacity_blocks"),
     (lambda: PrefixCache(2).store(CacheScope("m", "t", "a", " "), (1, 2)), "scope_field_blank",
      "scope.tenant"),
     (lambda: PrefixCache(2).lookup(CacheScope("m", "t\x1fx", "a", "b"), (1, 2)),
