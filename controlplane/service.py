@@ -40,16 +40,19 @@ def accept(store: EventStore, commands: Sequence[CommandBase],
     with store.transaction() as tx:
         event_ids = [accepted_event_id(c.command_id) for c in commands]
         known = tx.stored_event_ids(event_ids)
-        fresh, fresh_ids, seen = [], [], set()
+        fresh, fresh_ids, seen = [], [], {}
         fresh_lines = []
         for index, (command, event_id) in enumerate(zip(commands, event_ids, strict=True)):
             if event_id in known or command.command_id in seen:
                 continue
-            seen.add(command.command_id)
+            seen[command.command_id] = command
             fresh.append(command)
             fresh_ids.append(event_id)
             fresh_lines.append(lines[index] if lines is not None else index + 1)
-        problems = precheck(tx, fresh, fresh_lines)
+        problems = _reused_ids(tx, commands, lines, seen,
+                               [c.command_id for c, e in zip(commands, event_ids, strict=True)
+                                if e in known])
+        problems += precheck(tx, fresh, fresh_lines)
         if problems:
             raise SubmissionRejected(problems)
         events = [NewEvent(event_id=event_id, event_type=ACCEPTED,
@@ -64,6 +67,31 @@ def accept(store: EventStore, commands: Sequence[CommandBase],
         for event in tx.append([StreamAppend(INBOX_STREAM, None, events)]):
             apply_event(tx.projections, event)
     return [c.command_id for c in fresh]
+
+
+def _reused_ids(tx: LogTransaction, commands: Sequence[CommandBase], lines: Sequence[int] | None,
+                first: dict[str, CommandBase], accepted_ids: list[str]) -> list[FieldProblem]:
+    """Commands whose id is already accepted, or used earlier in this submission, for another
+    command: resubmitting the same command is harmless (it is accepted once), but a different
+    one under a used id had been dropped without a word, its submitter shown the other's
+    decision. Compared on the fields either one sets, so a defaulted time does not differ."""
+    stored = {command_id: next(e.data["command"] for e in events if e.event_type == ACCEPTED)
+              for command_id, events in tx.events_for_commands(accepted_ids).items()
+              if events} if accepted_ids else {}
+    problems = []
+    for index, command in enumerate(commands):
+        earlier = first.get(command.command_id)
+        other = stored.get(command.command_id) if command.command_id in stored else (
+            earlier.payload() if earlier is not None and earlier is not command else None)
+        if other is None:
+            continue
+        explicit = command.model_fields_set | (earlier.model_fields_set if earlier else set())
+        mine = command.payload()
+        if any(mine.get(field) != other.get(field) for field in explicit | {"type"}):
+            problems.append(FieldProblem(lines[index] if lines is not None else index + 1,
+                                         "command_id", f"command id {command.command_id!r} is "
+                                         "already used for a different command"))
+    return problems
 
 
 def precheck(tx: LogTransaction, commands: Sequence[CommandBase],

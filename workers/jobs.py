@@ -24,6 +24,15 @@ _JOB_ARGUMENT: TypeAdapter[list[str]] = TypeAdapter(
     Annotated[list[CommandId], Field(max_length=MAX_IDS_PER_JOB)])
 
 
+class JobRefused(RuntimeError):
+    """A dequeued job that is not one of ours (`workers.queue.job_problem`)."""
+
+
+def refuse_job(reason: str) -> None:
+    """What a disarmed job runs instead of what it named: it fails, saying why."""
+    raise JobRefused(reason)
+
+
 def decide_commands(command_ids: list[str]) -> dict[str, Any]:
     """Decide a batch of accepted commands; a command already decided appends nothing.
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from redis import Redis
 from rq import Queue, Retry
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from controlplane.settings import Settings
@@ -14,6 +15,38 @@ from controlplane.settings import Settings
 RETRY = Retry(max=3, interval=[1, 5, 30])
 # By dotted path: the job module imports this one to enqueue follow-up commands.
 DECIDE_JOB = "workers.jobs.decide_commands"
+REFUSE_JOB = "workers.jobs.refuse_job"
+
+
+def job_problem(job: Job) -> str | None:
+    """Why a dequeued job is not one `enqueue_commands` makes; None if it is.
+
+    RQ imports and calls whatever function a job names (JSON rules out pickle, not that), and
+    runs its callbacks and webhooks: whoever can write to the queue could run any code in a
+    worker. A worker runs only `DECIDE_JOB` with one list argument, nothing else attached.
+    Callback names are read, never imported (reading RQ's attribute imports the function).
+    """
+    try:
+        func_name, instance, args, kwargs = job.func_name, job.instance, job.args, job.kwargs
+    except Exception as error:  # not JSON (a pickle), or not a job's shape
+        return f"the job cannot be read as JSON: {type(error).__name__}"
+    if func_name != DECIDE_JOB:
+        return f"the job names {func_name!r}; a worker runs only {DECIDE_JOB}"
+    if instance is not None or kwargs or len(args) != 1:
+        return "the job does not carry exactly one list of command ids"
+    callbacks = (job._success_callback_name, job._failure_callback_name,  # noqa: SLF001
+                 job._stopped_callback_name)  # noqa: SLF001
+    if any(callbacks) or job.webhooks:
+        return "the job carries callbacks or webhooks"
+    return None
+
+
+def disarm(job: Job, problem: str) -> None:
+    """Make `job` one that fails at once, saying why, with nothing attached and no retry."""
+    job.func_name, job.instance, job.args, job.kwargs = REFUSE_JOB, None, (problem,), {}
+    job._success_callback_name = job._failure_callback_name = None  # noqa: SLF001
+    job._stopped_callback_name = None  # noqa: SLF001
+    job.webhooks, job.retries_left = [], None
 
 
 def command_queue(connection: Redis, name: str | None = None) -> Queue:

@@ -20,8 +20,9 @@ from fakeredis import TcpFakeServer
 from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import RedisError
-from rq import SimpleWorker, Worker
+from rq import Queue, SimpleWorker, Worker
 from rq.exceptions import StopRequested
+from rq.job import Job
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 from sqlalchemy.exc import SQLAlchemyError
@@ -30,7 +31,7 @@ from controlplane.errors import OperationalError
 from controlplane.runtime import collect_garbage_less_often
 from controlplane.settings import Settings
 from workers.outage import LostQueueWatch, mark_queue
-from workers.queue import command_queue
+from workers.queue import command_queue, disarm, job_problem
 
 log = structlog.get_logger(__name__)
 # A retried job whose back-off has ended is put back on its queue within about this long.
@@ -56,7 +57,19 @@ class _ToleratesEmbeddedRedis:
             self.ip_address = "unknown"
 
 
-class FleetWorker(_ToleratesEmbeddedRedis, Worker):
+class _RunsOnlyDecideJobs:
+    """Refuses any job `enqueue_commands` did not make (`workers.queue.job_problem`): it is
+    disarmed, so it fails at once with its reason, running nothing it named."""
+
+    def perform_job(self, job: Job, queue: Queue, execution: Any) -> bool:
+        problem = job_problem(job)
+        if problem is not None:
+            log.error("job_refused", job_id=job.id, reason=problem)
+            disarm(job, problem)
+        return bool(super().perform_job(job, queue, execution))  # type: ignore[misc]
+
+
+class FleetWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, Worker):
     """A forking RQ worker: each job runs in a child the worker outlives.
 
     It also delivers retries. RQ parks a job that failed (or whose work horse died) in the
@@ -131,7 +144,7 @@ class FleetWorker(_ToleratesEmbeddedRedis, Worker):
             self._retries_checked_at = clock + RETRY_FAILED_SECONDS - RETRY_POLL_SECONDS
 
 
-class FleetSimpleWorker(_ToleratesEmbeddedRedis, SimpleWorker):
+class FleetSimpleWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, SimpleWorker):
     """An in-process RQ worker, for the embedded fake Redis."""
 
 

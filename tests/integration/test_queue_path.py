@@ -11,6 +11,7 @@ from redis import Redis
 
 from controlplane.commands import command_adapter
 from controlplane.decisions import ACCEPTED
+from controlplane.errors import SubmissionRejected
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
@@ -69,6 +70,27 @@ def test_submitting_the_same_commands_twice_accepts_each_once(store: EventStore)
     assert len(accept(store, batch)) == 5
     assert accept(store, batch) == []
     assert sum(1 for e in store.read_all() if e.event_type == ACCEPTED) == 5
+
+
+def test_a_used_command_id_for_a_different_command_is_refused_and_nothing_is_written(
+        store: EventStore) -> None:
+    """The same command again is accepted once; another under its id had been dropped without
+    a word (and `--wait` showed its submitter the first command's decision)."""
+    first = command_adapter.validate_python(assess_memory("same-id", gpu_memory_gib=40.0))
+    other = command_adapter.validate_python(assess_memory("same-id", gpu_memory_gib=80.0))
+    # Resubmitted with its time defaulted anew: still the same command.
+    again = command_adapter.validate_python({**assess_memory("same-id", gpu_memory_gib=40.0)})
+    assert accept(store, [first]) == ["same-id"]
+    assert accept(store, [again]) == []
+    head = store.head()
+    with pytest.raises(SubmissionRejected) as refused:
+        accept(store, [other])
+    assert [(p.field, p.line) for p in refused.value.problems] == [("command_id", 1)]
+    with pytest.raises(SubmissionRejected) as within:  # twice in one submission
+        accept(store, commands(1, "fresh") + [command_adapter.validate_python(
+            assess_memory("fresh00000", layers=7))])
+    assert [(p.field, p.line) for p in within.value.problems] == [("command_id", 2)]
+    assert store.head() == head
 
 
 def test_reconcile_decides_every_command_after_the_queue_is_lost(
