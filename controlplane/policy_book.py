@@ -158,11 +158,19 @@ def _defaults(name: str) -> bytes:
     return orjson.dumps(validate_parameters(name, {}))
 
 
+# Policy parameters are a few hundred bytes; a what-if file is read no further than this.
+MAX_POLICY_FILE_BYTES = 1_000_000
+
+
 def load_overrides(path: Path) -> dict[str, dict[str, Any]]:
     """Read a what-if policy file: `{"memory": {"usable_fraction": 0.8}, ...}`; a file that
     cannot be read, or is not UTF-8 JSON of policy parameters, is an InputError naming it."""
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as handle:  # bounded: a FIFO or /dev/zero never ends
+            encoded = handle.read(MAX_POLICY_FILE_BYTES + 1)
+        if len(encoded) > MAX_POLICY_FILE_BYTES:
+            raise InputError(f"policy file {path} is larger than {MAX_POLICY_FILE_BYTES} bytes")
+        raw = json.loads(encoded.decode("utf-8"))
     except OSError as error:
         raise InputError(f"cannot read policy file {path}: {error.strerror}") from None
     except UnicodeDecodeError as error:
@@ -171,6 +179,9 @@ def load_overrides(path: Path) -> dict[str, dict[str, Any]]:
     except json.JSONDecodeError as error:
         raise InputError(f"policy file {path} is not JSON: {error.msg} at line {error.lineno}") \
             from None
+    except ValueError as error:  # an integer past Python's digit limit, say
+        raise InputError(f"policy file {path} is not usable JSON: "
+                         f"{str(error).split(';')[0]}") from None
     except RecursionError:
         raise InputError(f"policy file {path} is nested too deeply to be policy parameters") \
             from None

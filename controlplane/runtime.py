@@ -30,12 +30,14 @@ def collect_garbage_less_often() -> None:
         gc.set_threshold(*GC_THRESHOLDS)
 
 
-def open_store(database_url: str, migrate: bool = True) -> EventStore:
-    """An event store on `database_url`, schema brought up to date unless told otherwise."""
+def open_store(database_url: str, migrate: bool = True,
+               url_source: str = "FLEET_DATABASE_URL") -> EventStore:
+    """An event store on `database_url`, schema brought up to date unless told otherwise; a bad
+    URL is an InputError naming `url_source` (the setting or option it came from)."""
     try:
         engine = make_engine(database_url)
     except Exception as error:  # sqlalchemy raises ArgumentError, ValueError… for a bad URL
-        raise InputError(f"FLEET_DATABASE_URL is not a usable database URL "
+        raise InputError(f"{url_source} is not a usable database URL "
                          f"({type(error).__name__})") from None
     if migrate:
         try:

@@ -85,7 +85,8 @@ def _reused_ids(tx: LogTransaction, commands: Sequence[CommandBase], lines: Sequ
             earlier.payload() if earlier is not None and earlier is not command else None)
         if other is None:
             continue
-        explicit = command.model_fields_set | (earlier.model_fields_set if earlier else set())
+        explicit = (command.model_fields_set | (earlier.model_fields_set if earlier else set())) \
+            - command.IDENTITY_IGNORES
         mine = command.payload()
         if any(mine.get(field) != other.get(field) for field in explicit | {"type"}):
             problems.append(FieldProblem(lines[index] if lines is not None else index + 1,

@@ -5,23 +5,31 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from controlplane.errors import InputError
 
 DEFAULT_DATABASE_URL = "sqlite:///fleet.db"
 COMMAND_QUEUE = "fleet-commands"
+# A decide job refuses more ids than this (workers.jobs.MAX_IDS_PER_JOB, the same number): a
+# larger batch would fail every job it makes, and nothing would ever be decided.
+MAX_BATCH_SIZE = 10_000
+# RQ turns the timeout into a Redis expiry; past about a week a job is lost, not slow.
+MAX_JOB_TIMEOUT_SECONDS = 7 * 24 * 3_600
 
 
-def _positive_int(name: str, default: int) -> int:
+def _positive_int(name: str, default: int, maximum: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise InputError(f"{name} must be a whole number, got {raw!r}") from None
+        raise InputError(f"{name} must be a whole number, got {raw[:40]!r}") from None
     if value <= 0:
         raise InputError(f"{name} must be positive, got {value}")
+    if value > maximum:
+        raise InputError(f"{name} must be at most {maximum}, got {value}")
     return value
 
 
@@ -51,8 +59,9 @@ class Settings:
         return cls(
             database_url=os.environ.get("FLEET_DATABASE_URL") or DEFAULT_DATABASE_URL,
             redis_url=os.environ.get("FLEET_REDIS_URL") or None,
-            batch_size=_positive_int("FLEET_BATCH_SIZE", DEFAULT_BATCH_SIZE),
-            job_timeout_seconds=_positive_int("FLEET_JOB_TIMEOUT_SECONDS", 600),
+            batch_size=_positive_int("FLEET_BATCH_SIZE", DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE),
+            job_timeout_seconds=_positive_int("FLEET_JOB_TIMEOUT_SECONDS", 600,
+                                              MAX_JOB_TIMEOUT_SECONDS),
         )
 
     @property
@@ -71,3 +80,16 @@ class Settings:
             return None
         path = self.database_url.removeprefix("sqlite:///")
         return Path(path + ".up.json") if path and path != ":memory:" else None
+
+
+def redacted_url(url: str) -> str:
+    """The URL's scheme, host, port and path only: no user info, no query (passwords live
+    there)."""
+    if "://" not in url:  # not a URL: a label such as "sqlite (temporary)"
+        return url
+    parts = urlsplit(url)
+    try:
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # not a number: left out, as anything unparsed
+        port = ""
+    return f"{parts.scheme}://{parts.hostname or ''}{port}{parts.path}"

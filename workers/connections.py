@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from urllib.parse import urlsplit
 
 import fakeredis
 from redis import Redis
@@ -37,24 +36,35 @@ def redis_url_in_use(settings: Settings) -> str | None:
     return settings.redis_url or advertised_up_url(settings)
 
 
-def connect(settings: Settings) -> Redis:
-    """A Redis connection for the queue; raises OperationalError when a real one is unreachable."""
+def queue_connection(settings: Settings) -> Redis:
+    """A Redis connection for the queue, not used yet; InputError when the URL is malformed."""
     url = redis_url_in_use(settings)
     if url is None:
         return fakeredis.FakeRedis(server=embedded_server())
     try:
-        connection = Redis.from_url(url, socket_connect_timeout=5)
+        return Redis.from_url(url, socket_connect_timeout=5)
     except ValueError:
         raise InputError("FLEET_REDIS_URL is not a valid Redis URL") from None
+
+
+def reachable(connection: Redis) -> Redis:
+    """`connection` once it answers; OperationalError, naming no password, when it does not."""
     try:
         connection.ping()
     except Exception as error:  # redis raises several unrelated types for "unreachable"
-        raise OperationalError(f"Redis at {_redact(url)} is unreachable: {error}") from None
+        raise OperationalError(f"Redis at {_address(connection)} is unreachable: {error}") \
+            from None
     return connection
 
 
-def _redact(url: str) -> str:
-    """The URL's scheme, host and path only: no user info, no query (passwords live there)."""
-    parts = urlsplit(url)
-    host = parts.hostname or "?"
-    return f"{parts.scheme}://{host}{parts.path}"
+def connect(settings: Settings) -> Redis:
+    """A Redis connection for the queue; raises OperationalError when a real one is unreachable."""
+    return reachable(queue_connection(settings))
+
+
+def _address(connection: Redis) -> str:
+    """Where `connection` goes, without its user name or password."""
+    options = connection.connection_pool.connection_kwargs
+    if "path" in options:
+        return f"unix://{options['path']}"
+    return f"redis://{options.get('host')}:{options.get('port')}/{options.get('db', 0)}"

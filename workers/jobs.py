@@ -13,11 +13,11 @@ from controlplane.commands.base import CommandId
 from controlplane.errors import InputError
 from controlplane.runtime import store_for_process
 from controlplane.service import decide
-from controlplane.settings import Settings
+from controlplane.settings import MAX_BATCH_SIZE, Settings
 from workers.queue import enqueue_commands
 
 log = structlog.get_logger(__name__)
-MAX_IDS_PER_JOB = 10_000
+MAX_IDS_PER_JOB = MAX_BATCH_SIZE  # a job carries at most one batch (FLEET_BATCH_SIZE)
 
 
 _JOB_ARGUMENT: TypeAdapter[list[str]] = TypeAdapter(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from controlplane.errors import OperationalError
 from controlplane.service import Outcome, accept, pending_command_ids, unfinished_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
-from workers.connections import connect, redis_url_in_use
+from workers.connections import connect, queue_connection, reachable, redis_url_in_use
 from workers.queue import enqueue_commands
 from workers.runner import work
 
@@ -25,25 +26,69 @@ class Submitted:
     ran_in_process: bool
 
 
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
 def _run_embedded_if_needed(settings: Settings, connection: Redis) -> bool:
     """With no real Redis and no `fleetctl up`, the work happens here and now."""
     if redis_url_in_use(settings) is not None:
         return False
-    work(connection, settings.queues, burst=True, forking=False)
+    _work_in_process(connection, settings.queues)
     return True
+
+
+def _work_in_process(connection: Redis, queues: Sequence[str]) -> None:
+    """Decide the queued jobs here; on SIGINT or SIGTERM, stop after the job in hand and raise
+    KeyboardInterrupt (the undecided commands stay in the inbox).
+
+    The stop signals are blocked while the worker runs and looked for between jobs: RQ's worker
+    installs handlers that call Redis, and one that interrupts a call into the in-process fake
+    Redis waits forever for the lock that call holds. Its handlers are removed afterwards.
+    """
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    # Not a signal the caller blocks (it stays pending for the caller) or ignores (`nohup`).
+    ours = {signum for signum in STOP_SIGNALS
+            if signum not in previous_mask and handlers[signum] is not signal.SIG_IGN}
+    stopped = False
+    try:
+        work(connection, queues, burst=True, forking=False,
+             stop_when=lambda: bool(ours & signal.sigpending()))
+    finally:
+        while ours and signal.sigtimedwait(ours, 0) is not None:
+            stopped = True
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+    if stopped:
+        raise KeyboardInterrupt
 
 
 def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase],
            lines: Sequence[int] | None = None) -> Submitted:
-    """Record `commands` in the inbox, then enqueue the newly accepted ones in batches.
+    """Record `commands` in the inbox, then enqueue those still undecided in batches.
 
-    The inbox is written first: if enqueueing fails, `reconcile` finds the commands later.
+    A malformed Redis URL is refused before anything is written. The inbox is written first:
+    if enqueueing fails, `reconcile` finds the commands later, and submitting them again
+    enqueues them again.
     """
+    connection = queue_connection(settings)
     accepted = accept(store, commands, lines)
-    connection = connect(settings)
-    job_ids = enqueue_commands(connection, settings, accepted)
+    undecided = _with_undecided_resubmissions(store, commands, accepted)
+    job_ids = enqueue_commands(reachable(connection), settings, undecided)
     ran = _run_embedded_if_needed(settings, connection)
     return Submitted(accepted, job_ids, ran)
+
+
+def _with_undecided_resubmissions(store: EventStore, commands: Sequence[CommandBase],
+                                  accepted: list[str]) -> list[str]:
+    """`accepted`, then the submitted commands accepted before that still have no decision."""
+    submitted = list(dict.fromkeys(c.command_id for c in commands))
+    if len(submitted) == len(accepted):
+        return accepted
+    pending = set(pending_command_ids(store))
+    fresh = set(accepted)
+    return [*accepted, *(c for c in submitted if c in pending and c not in fresh)]
 
 
 def reconcile(settings: Settings, store: EventStore) -> Submitted:

@@ -145,17 +145,27 @@ class FleetWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, Worker):
 
 
 class FleetSimpleWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, SimpleWorker):
-    """An in-process RQ worker, for the embedded fake Redis."""
+    """An in-process RQ worker, for the embedded fake Redis. `stop_when`, if set, is asked after
+    each job; when it answers yes the worker stops before the next one."""
+
+    stop_when: Callable[[], bool] | None = None
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        super().execute_job(job, queue)
+        if self.stop_when is not None and self.stop_when():
+            self._stop_requested = True  # what RQ's loop checks between jobs
 
 
 def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
-         max_jobs: int | None = None) -> bool:
+         max_jobs: int | None = None, stop_when: Callable[[], bool] | None = None) -> bool:
     """Run one worker until the queues are empty (burst) or forever; True if it did any job.
 
     Forking workers run each job in a child process, so a job killed mid-batch never takes the
     worker with it; the in-process worker serves the embedded fake Redis, which is per process.
     """
     worker = _worker(connection, queues, forking)
+    if isinstance(worker, FleetSimpleWorker):
+        worker.stop_when = stop_when
     return bool(worker.work(burst=burst, max_jobs=max_jobs, logging_level="WARNING"))
 
 

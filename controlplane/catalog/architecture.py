@@ -90,6 +90,10 @@ class Architecture:
         return self.model_type in VERIFIED_FAMILIES
 
 
+# A model's config.json is kilobytes; a file is read no further than this.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
 def load_config(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     """Return a config as a dict from a mapping, a JSON file, or a directory with config.json."""
     if isinstance(source, Mapping):
@@ -98,11 +102,18 @@ def load_config(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     if path.is_dir():
         path = path / "config.json"
     try:
-        text = path.read_text(encoding="utf-8")
-        loaded = json.loads(text, parse_constant=_refuse_constant)
+        with path.open("rb") as handle:  # bounded: a FIFO or /dev/zero never ends
+            raw = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
+        loaded = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise CatalogError("config_unreadable", "config",
-                           f"cannot read model config {str(path)!r}: {error}") from None
+                           f"cannot read model config {str(path)!r}: "
+                           f"{str(error).split(';')[0]}") from None
+    except RecursionError:
+        raise CatalogError("config_unreadable", "config",
+                           f"cannot read model config {str(path)!r}: nested too deeply") from None
     if not isinstance(loaded, dict):
         raise CatalogError("config_not_an_object", "config", "a model config must be a JSON object")
     return loaded

@@ -15,6 +15,18 @@ from events.projections import load_all
 from events.verify import verify_log
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+# Positions are stored as 64-bit signed integers; a larger one is refused as bad input.
+MAX_POSITION = 2**63 - 1
+
+
+def _utf8(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`value` if it is text the log can hold: bytes that are not UTF-8 are a usage error."""
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise click.BadParameter("is not UTF-8 text", ctx, param) from None
+    return value
 
 
 @click.command()
@@ -36,10 +48,11 @@ def status(at_position: int | None, as_json: bool) -> None:
 
 
 @click.command("log")
-@click.option("--stream", "stream_id", default=None, help="Only this stream.")
-@click.option("--type", "event_type", default=None, help="Only this event type.")
-@click.option("--command", "command_id", default=None, help="Only this command's events.")
-@click.option("--from", "from_position", type=click.IntRange(min=0), default=0,
+@click.option("--stream", "stream_id", default=None, callback=_utf8, help="Only this stream.")
+@click.option("--type", "event_type", default=None, callback=_utf8, help="Only this event type.")
+@click.option("--command", "command_id", default=None, callback=_utf8,
+              help="Only this command's events.")
+@click.option("--from", "from_position", type=click.IntRange(min=0, max=MAX_POSITION), default=0,
               help="Start after this position.")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @json_option
@@ -65,7 +78,7 @@ def log_command(stream_id: str | None, event_type: str | None, command_id: str |
 
 
 @click.command()
-@click.argument("identifier")
+@click.argument("identifier", callback=_utf8)
 @json_option
 def explain(identifier: str, as_json: bool) -> None:
     """Explain a decision by event id, command id or request id."""

@@ -18,6 +18,15 @@ def emit(result: Any, as_json: bool, human: Callable[[Any], str] | None = None) 
         click.echo(human(result))
 
 
+def announce(result: Any, as_json: bool, human: Callable[[Any], str] | None = None) -> None:
+    """Print `result` as one line (compact JSON, or `human`): a long-running command's start-up
+    or summary line, which a reader of stdout takes as soon as it is written."""
+    if as_json or human is None:
+        click.echo(json.dumps(result, ensure_ascii=False))
+    else:
+        click.echo(human(result))
+
+
 def fail(message: str) -> None:
     """One clear line on stderr, never a traceback."""
     click.echo(f"error: {message}", err=True)

@@ -17,8 +17,9 @@ from typing import Any
 import click
 
 from controlplane.cli.context import settings_and_store
+from controlplane.cli.files import check_writable, read_at_most
 from controlplane.cli.output import table
-from controlplane.commands.plan import PlanFleet
+from controlplane.commands.plan import MAX_SCENARIO_BYTES, PlanFleet
 from controlplane.decisions import REJECTED
 from controlplane.errors import InputError, OperationalError
 from controlplane.policies.fleet_plan import (
@@ -35,6 +36,8 @@ from events.store import EventStore
 from workers.pipeline import reconcile, submit
 
 EXIT_READY, EXIT_NOT_READY = 0, 1
+# Room for indentation around the largest scenario a plan takes (MAX_SCENARIO_BYTES, compact).
+MAX_SCENARIO_FILE_BYTES = 16 * MAX_SCENARIO_BYTES
 
 
 def plan_command_id(plan_id: str) -> str:
@@ -43,14 +46,17 @@ def plan_command_id(plan_id: str) -> str:
 
 
 def _read_scenario(path: str) -> object:
+    raw = read_at_most(Path(path), MAX_SCENARIO_FILE_BYTES)
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        raise InputError(f"cannot read {path}: {error.strerror}") from None
+        return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise InputError(f"{path} is not UTF-8 text") from None
     except json.JSONDecodeError as error:
         raise InputError(f"{path} is not JSON: line {error.lineno}: {error.msg}") from None
+    except ValueError as error:  # an integer past Python's digit limit, say
+        raise InputError(f"{path} is not usable JSON: {str(error).split(';')[0]}") from None
+    except RecursionError:
+        raise InputError(f"{path} is nested too deeply to be a scenario") from None
 
 
 def _settled(events: list[RecordedEvent], plan_command: str) -> bool:
@@ -124,6 +130,7 @@ def plan(ctx: click.Context, scenario_path: str, output: str, timeout_seconds: f
             click.echo(json.dumps({"error": error.as_dict()}, indent=2))
         raise InputError(f"{scenario_path}: {error.field}: {error.message} [{error.code}]"
                          ) from None
+    check_writable(Path(output), "--output")  # before the plan is submitted, not after
     plan_id = scenario_digest(scenario)
     settings, store = settings_and_store()
     events = decide_plan(settings, store, to_plain(scenario), plan_id, timeout_seconds)

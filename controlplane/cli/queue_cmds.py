@@ -11,11 +11,15 @@ from typing import Any
 import click
 
 from controlplane.cli.context import settings_and_store
-from controlplane.cli.output import emit
-from controlplane.errors import InputError
+from controlplane.cli.files import read_at_most
+from controlplane.cli.output import announce, emit, fail
+from controlplane.commands import CommandBase
+from controlplane.errors import InputError, OperationalError
 from controlplane.service import Outcome
+from controlplane.settings import Settings, redacted_url
 from controlplane.submission import MAX_SUBMISSION_BYTES, read_submission
 from events.database import migrate
+from events.store import EventStore
 from workers.connections import connect, redis_url_in_use
 from workers.outage import mark_queue
 from workers.pipeline import reconcile as reconcile_pending
@@ -40,18 +44,17 @@ def init(as_json: bool) -> None:
 def _read_source(source: str) -> str:
     """The submission's text: at most MAX_SUBMISSION_BYTES of UTF-8, from a file or stdin."""
     limit = MAX_SUBMISSION_BYTES
-    try:
-        if source == "-":
+    if source != "-":
+        raw = read_at_most(Path(source), limit)
+    elif sys.stdin is None:  # started with standard input closed (`<&-`)
+        raise InputError("cannot read standard input: it is closed")
+    else:
+        try:
             raw = sys.stdin.buffer.read(limit + 1)
-        else:
-            path = Path(source)
-            if path.stat().st_size > limit:
-                raise InputError(f"{source} is larger than {limit} bytes")
-            raw = path.read_bytes()
-    except OSError as error:
-        raise InputError(f"cannot read {source}: {error.strerror}") from None
-    if len(raw) > limit:
-        raise InputError(f"the submission is larger than {limit} bytes")
+        except OSError as error:
+            raise InputError(f"cannot read standard input: {error.strerror}") from None
+        if len(raw) > limit:
+            raise InputError(f"the submission is larger than {limit} bytes")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -74,15 +77,28 @@ def _render_outcomes(outcomes: list[Outcome]) -> str:
 @click.option("--timeout", "timeout_seconds", default=60.0, show_default=True,
               help="Seconds --wait waits before giving up (exit 3).")
 @json_option
-def submit(source: str, wait: bool, timeout_seconds: float, as_json: bool) -> None:
+@click.pass_context
+def submit(ctx: click.Context, source: str, wait: bool, timeout_seconds: float,
+           as_json: bool) -> None:
     """Validate commands from SOURCE (a file or -; JSON Lines or a JSON array), record, enqueue.
 
-    Nothing is written unless every command is valid.
+    Nothing is written unless every command is valid. Interrupted (exit 130), the commands
+    accepted so far stay in the inbox for `fleetctl reconcile`.
     """
     submission = read_submission(_read_source(source))
-    commands = submission.commands
     settings, store = settings_and_store()
-    result = submit_commands(settings, store, commands, submission.lines)
+    try:
+        _submit(submission.commands, submission.lines, settings, store, wait, timeout_seconds,
+                as_json)
+    except KeyboardInterrupt:
+        fail("interrupted; commands already accepted stay in the inbox "
+             "(`fleetctl reconcile` enqueues them)")
+        ctx.exit(130)
+
+
+def _submit(commands: list[CommandBase], lines: list[int], settings: Settings,
+            store: EventStore, wait: bool, timeout_seconds: float, as_json: bool) -> None:
+    result = submit_commands(settings, store, commands, lines)
     report: dict[str, Any] = {"accepted": len(result.accepted_ids),
                               "already_accepted": len(commands) - len(result.accepted_ids),
                               "jobs": len(result.job_ids),
@@ -101,7 +117,8 @@ def submit(source: str, wait: bool, timeout_seconds: float, as_json: bool) -> No
 @click.option("--burst", is_flag=True, help="Stop when the queues are empty.")
 @click.option("--queues", "queue_names", multiple=True, help="Queues to serve (repeatable).")
 @click.option("--processes", default=1, show_default=True, help="Worker processes to run.")
-def worker(burst: bool, queue_names: tuple[str, ...], processes: int) -> None:
+@json_option
+def worker(burst: bool, queue_names: tuple[str, ...], processes: int, as_json: bool) -> None:
     """Run forking RQ workers on FLEET_REDIS_URL (embedded: drain in-process, then stop)."""
     settings, store = settings_and_store()
     queues = queue_names or settings.queues
@@ -109,10 +126,17 @@ def worker(burst: bool, queue_names: tuple[str, ...], processes: int) -> None:
     if not burst and url is not None:
         # Before the reconcile: a Redis that loses its data after it is noticed (workers.outage).
         mark_queue(connect(settings), queues[0])
-    reconcile_pending(settings, store)
+    reconciled = reconcile_pending(settings, store)
     if url is None:
-        click.echo("embedded queue: decided every pending command in-process", err=True)
+        if as_json:
+            announce({"queue": "embedded", "re_enqueued": len(reconciled.accepted_ids),
+                      "decided_in_process": True}, as_json=True)
+        else:
+            click.echo("embedded queue: decided every pending command in-process", err=True)
         return
+    if as_json:  # the start-up line: one JSON object, before the workers run
+        announce({"queue": redacted_url(url), "queues": list(queues), "processes": processes,
+                  "burst": burst, "re_enqueued": len(reconciled.accepted_ids)}, as_json=True)
     children = spawn_worker_processes(processes - 1, url, queues) if processes > 1 else []
     try:
         if burst:
@@ -128,17 +152,27 @@ def worker(burst: bool, queue_names: tuple[str, ...], processes: int) -> None:
 
 
 @click.command()
-@click.option("--port", default=0, help="Loopback port for the embedded Redis (0: any free).")
+@click.option("--port", type=click.IntRange(min=0, max=65_535), default=0,
+              help="Loopback port for the embedded Redis (0: any free).")
 @click.option("--workers", "worker_count", default=2, show_default=True,
               help="Forking worker processes to run.")
-def up(port: int, worker_count: int) -> None:
+@json_option
+def up(port: int, worker_count: int, as_json: bool) -> None:
     """Serve the embedded fake Redis on a loopback port plus workers, until interrupted."""
     settings, store = settings_and_store()
-    with EmbeddedRedisServer(port) as server:
+    try:
+        server = EmbeddedRedisServer(port)
+    except OSError as error:
+        raise OperationalError(f"cannot serve the embedded Redis on 127.0.0.1:{port}: "
+                               f"{error.strerror or error}") from None
+    with server:
         path = advertise(settings, server.url)
         children = spawn_worker_processes(worker_count, server.url, settings.queues)
-        click.echo(f"serving the embedded Redis at {server.url} with {worker_count} worker(s); "
-                   f"`fleetctl submit` here reaches them (or export FLEET_REDIS_URL={server.url})")
+        announce({"redis_url": server.url, "workers": worker_count,
+                  "up_file": None if path is None else str(path)}, as_json,
+                 lambda r: f"serving the embedded Redis at {r['redis_url']} with {r['workers']} "
+                           "worker(s); `fleetctl submit` here reaches them (or export "
+                           f"FLEET_REDIS_URL={r['redis_url']})")
         stop = {"now": False}
         signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
         try:

@@ -52,6 +52,8 @@ def _render(report: dict[str, Any]) -> str:
 def replay(to_position: int | None, verify_: bool, policy_file: Path | None, rebuild: bool,
            as_json: bool) -> int:
     """Rebuild every projection from the log and compare it with the live state."""
+    # Read before anything is written: a bad policy file leaves the projections as they were.
+    overrides = load_overrides(policy_file) if policy_file else None
     _, store = settings_and_store()
     report: dict[str, Any] = {}
     failed = False
@@ -66,7 +68,7 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
         report["projection_differences"] = compare_with_live(store)
         failed = bool(report["projection_differences"])
     if verify_ or policy_file:
-        policies = PolicyBook(load_overrides(policy_file) if policy_file else None)
+        policies = PolicyBook(overrides)
         result = verify_decisions(store, policies, to_position)
         report.update(decisions_checked=result.decisions_checked,
                       decisions_unchecked=result.decisions_unchecked, what_if=bool(policy_file),

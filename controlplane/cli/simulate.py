@@ -14,9 +14,11 @@ from pathlib import Path
 
 import click
 
+from controlplane.cli.files import check_writable
 from controlplane.cli.output import emit
 from controlplane.errors import InputError
 from controlplane.runtime import open_store
+from controlplane.settings import redacted_url
 from controlplane.simulation.chart import write_chart
 from controlplane.simulation.config import SimulationConfig
 from controlplane.simulation.report import build_report, render
@@ -32,6 +34,8 @@ def _log_url(log: str, overwrite: bool) -> str:
     if "://" in log:
         return log
     path = Path(log)
+    if path.is_dir():
+        raise InputError(f"--log {log} is a directory; a simulation's log is a SQLite file")
     if path.exists():
         if not overwrite:
             raise InputError(f"--log {log} already exists; pass --overwrite or another --log "
@@ -103,11 +107,14 @@ def simulate(trace: Path, limit: int | None, routing: str, replicas: int, min_re
         control_interval_seconds=control_interval, autoscale=not no_autoscale,
         warmup_seconds=warmup_seconds, deadline_seconds=deadline_seconds,
         rollout=not no_rollout).validate()
+    if not no_chart:  # before the run writes its log, not after
+        check_writable(chart_path, "--chart")
     requests = read_trace(trace, limit)
     url = _log_url(log, overwrite)
-    store = open_store(url)
+    store = open_store(url, url_source="--log")
     if store.head()[0] != 0:
-        raise InputError(f"--log {log} already holds events; a simulation needs an empty log")
+        raise InputError(f"--log {redacted_url(log)} already holds events; a simulation needs an "
+                         "empty log")
     with _progress(sys.stderr.isatty()) as progress:
         started = time.perf_counter()
         run = Simulation(requests, config, store, progress).run()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -53,6 +53,10 @@ _CACHED = ("occurred_at", "command_type")
 
 class CommandBase(Frozen):
     """Fields every command carries. `at` is the command's logical time: policies read no clock."""
+
+    # Fields that do not tell two commands under one id apart (`service.accept` compares the
+    # rest of those either sets): ones whose meaning another field already pins.
+    IDENTITY_IGNORES: ClassVar[frozenset[str]] = frozenset()
 
     command_id: CommandId = Field(default_factory=lambda: str(uuid.uuid4()))
     at: datetime = Field(default_factory=lambda: datetime.now(UTC))

@@ -10,7 +10,7 @@ however often it is delivered.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import field_validator
 
@@ -30,6 +30,9 @@ class PlanFleet(CommandBase):
     type: Literal["PlanFleet"] = "PlanFleet"
     plan_id: Name
     scenario: dict[str, Any]
+    # `fleetctl plan` names the plan by its scenario's digest: the same plan_id is the same
+    # scenario, however its file spelled it.
+    IDENTITY_IGNORES: ClassVar[frozenset[str]] = frozenset({"scenario"})
 
     @field_validator("scenario")
     @classmethod

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from controlplane.settings import redacted_url
 from controlplane.simulation.config import SimulationConfig
 from controlplane.simulation.fleet import Fleet
 from controlplane.simulation.sampling import Samples
@@ -141,7 +142,7 @@ def build_report(run: SimulationRun, wall_seconds: float, log_url: str,
         "simulated_seconds": round(run.end_seconds, 6),
         "wall_seconds": round(wall_seconds, 3),
         "decisions_per_second": round(total_decisions / wall_seconds, 1) if wall_seconds > 0 else None,
-        "log": log_url,
+        "log": redacted_url(log_url),
         "chart": chart_path,
         "notes": run.notes,
         "timeline": _timeline(run),

@@ -189,6 +189,10 @@ def _mooncake_row(path: Path, line: int, text: str) -> Row:
         record = json.loads(text)
     except json.JSONDecodeError as error:
         raise TraceError(path, line, f"not JSON: {error.msg}") from None
+    except ValueError as error:  # an integer past Python's digit limit, say
+        raise TraceError(path, line, f"not usable JSON: {str(error).split(';')[0]}") from None
+    except RecursionError:
+        raise TraceError(path, line, "nested too deeply") from None
     if not isinstance(record, dict):
         raise TraceError(path, line, "each line must be a JSON object")
     for field in ("timestamp", "input_length", "output_length", "hash_ids"):

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
+from controlplane.cli import queue_cmds
 from controlplane.runtime import open_store
 from tests.cli_helpers import run_cli
 from tests.factories import assess_memory
@@ -139,3 +145,203 @@ def test_demo_plans_plays_a_trace_scales_runs_canaries_and_verifies(embedded: st
     replay = run_cli("replay", "--verify", "--json")
     assert replay.exit_code == 0 and json.loads(replay.output)["drifts"] == []
     assert run_cli("status").exit_code == 0
+
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_SCENARIO = ROOT / "fixtures" / "scenarios" / "default.json"
+MOONCAKE_TRACE = ROOT / "fixtures" / "traces" / "conversation_trace.first5000.jsonl"
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+HUGE_NUMBER_JSON = '{"n": ' + "9" * 5_000 + "}"
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("FLEET_BATCH_SIZE", "10001"), ("FLEET_BATCH_SIZE", "20000"),
+    ("FLEET_JOB_TIMEOUT_SECONDS", str(7 * 24 * 3600 + 1)),
+    ("FLEET_JOB_TIMEOUT_SECONDS", str(10**20))])
+def test_a_batch_size_or_job_timeout_a_job_cannot_carry_is_refused_at_start(
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch, variable: str,
+        value: str) -> None:
+    # Before, 10,001 commands in one job were refused by every job, and a timeout of 1e20
+    # seconds failed inside RQ: either way the commands were recorded and never decided.
+    monkeypatch.setenv(variable, value)
+    source = write_lines(tmp_path / "c.jsonl", assess_memory("x"))
+    for args in (["submit", str(source)], ["reconcile"]):
+        result = run_cli(*args)
+        assert result.exit_code == 2, (args, result.stderr)
+        assert result.stderr.startswith(f"error: {variable} must be at most ")
+        assert len(result.stderr.splitlines()) == 1
+    assert log_size(embedded) == 0
+
+
+def test_a_malformed_redis_url_is_refused_before_anything_is_written(
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_REDIS_URL", "notaurl")
+    result = run_cli("submit", str(write_lines(tmp_path / "c.jsonl", assess_memory("x"))))
+    assert result.exit_code == 2
+    assert result.stderr == "error: FLEET_REDIS_URL is not a valid Redis URL\n"
+    assert log_size(embedded) == 0
+
+
+def test_resubmitting_commands_accepted_but_undecided_decides_them(
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = write_lines(tmp_path / "c.jsonl", assess_memory("a"), assess_memory("b"))
+    monkeypatch.setenv("FLEET_REDIS_URL", "redis://127.0.0.1:1/0")
+    assert run_cli("submit", str(source)).exit_code == 3  # recorded, never enqueued
+    monkeypatch.delenv("FLEET_REDIS_URL")
+    result = run_cli("submit", str(source), "--json", "--timeout", "5")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.output)
+    assert (report["accepted"], report["already_accepted"], report["jobs"]) == (0, 2, 1)
+    assert {d["command_id"]: d["outcome"] for d in report["decisions"]} == {"a": "fits",
+                                                                            "b": "fits"}
+
+
+def test_an_embedded_submit_leaves_the_signal_handlers_it_found(tmp_path: Path) -> None:
+    # RQ's in-process worker installed its own and left them: a later Ctrl-C raised
+    # StopRequested from wherever the process was, a traceback and exit 1.
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    result = run_cli("submit", str(write_lines(tmp_path / "c.jsonl", assess_memory("x"))))
+    assert result.exit_code == 0, result.stderr
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+
+
+def test_replay_rebuild_with_a_bad_policy_file_rebuilds_nothing(tmp_path: Path,
+                                                               embedded: str) -> None:
+    run_cli("submit", str(write_lines(tmp_path / "c.jsonl", assess_memory("x"))))
+    head = log_size(embedded)
+    policy = tmp_path / "p.json"
+    policy.write_text(json.dumps({"memory": {"usable_fraction": 7}}))
+    result = run_cli("replay", "--rebuild", "--policy", str(policy))
+    assert result.exit_code == 2 and "usable_fraction" in result.stderr
+    assert log_size(embedded) == head  # no ProjectionsRebuilt
+
+
+def test_plan_with_an_unwritable_output_submits_nothing(tmp_path: Path, embedded: str) -> None:
+    result = run_cli("plan", str(DEFAULT_SCENARIO), "--output", str(tmp_path / "no" / "p.json"))
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --output ") and "does not exist" in result.stderr
+    assert log_size(embedded) == 0
+
+
+def test_simulate_with_an_unwritable_chart_runs_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "sim.db"
+    result = run_cli("simulate", str(MOONCAKE_TRACE), "--limit", "5", "--log", str(log),
+                     "--chart", str(tmp_path / "no" / "c.svg"))
+    assert result.exit_code == 2 and result.stderr.startswith("error: --chart ")
+    assert not log.exists()
+
+
+def _bad_input_cases(tmp_path: Path) -> dict[str, list[str]]:
+    files = {"deep.json": DEEP_JSON, "huge.json": HUGE_NUMBER_JSON,
+             "deep.jsonl": DEEP_JSON + "\n", "huge.jsonl": HUGE_NUMBER_JSON + "\n"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "logdir").mkdir()
+    return {
+        "log_from_past_64_bits": ["log", "--from", str(2**63)],
+        "explain_not_utf8": ["explain", "\udcff"],
+        "log_filter_not_utf8": ["log", "--command", "\udcff"],
+        "plan_nested_too_deeply": ["plan", str(tmp_path / "deep.json")],
+        "plan_number_past_the_digit_limit": ["plan", str(tmp_path / "huge.json")],
+        "policy_number_past_the_digit_limit": ["replay", "--policy", str(tmp_path / "huge.json")],
+        "fit_model_nested_too_deeply": ["fit", "--model", str(tmp_path / "deep.json"),
+                                        "--gpu", "H100-SXM-80GB"],
+        "simulate_trace_nested_too_deeply": ["simulate", str(tmp_path / "deep.jsonl")],
+        "simulate_trace_number_past_the_digit_limit": ["simulate", str(tmp_path / "huge.jsonl")],
+        "simulate_log_a_directory": ["simulate", str(MOONCAKE_TRACE), "--limit", "5",
+                                     "--log", str(tmp_path / "logdir"), "--overwrite"],
+        "up_port_past_65535": ["up", "--port", "99999"],
+    }
+
+
+CASES = ["log_from_past_64_bits", "explain_not_utf8", "log_filter_not_utf8",
+         "plan_nested_too_deeply", "plan_number_past_the_digit_limit",
+         "policy_number_past_the_digit_limit", "fit_model_nested_too_deeply",
+         "simulate_trace_nested_too_deeply", "simulate_trace_number_past_the_digit_limit",
+         "simulate_log_a_directory", "up_port_past_65535"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_and_exit_2_never_a_traceback(tmp_path: Path, embedded: str,
+                                                            case: str) -> None:
+    args = _bad_input_cases(tmp_path)[case]
+    result = run_cli(*args)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("error: ") and len(result.stderr.splitlines()) == 1, \
+        result.stderr
+    assert log_size(embedded) == 0
+
+
+def test_up_on_a_port_in_use_is_an_operational_failure_in_one_line(embedded: str) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("up", "--port", str(port), "--workers", "0")
+    assert result.exit_code == 3
+    assert result.stderr.startswith(f"error: cannot serve the embedded Redis on 127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("args", [["submit"], ["plan"], ["replay", "--policy"],
+                                  ["fit", "--gpu", "H100-SXM-80GB", "--model"]],
+                         ids=["submit", "plan", "replay_policy", "fit_model"])
+def test_an_endless_file_is_read_no_further_than_the_limit(
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
+    # /dev/zero has no size to check first: reading it whole ran the process out of memory.
+    monkeypatch.setattr(queue_cmds, "MAX_SUBMISSION_BYTES", 1_000_000)
+    endless = tmp_path / "zero.json"  # `fit --model` takes a name ending .json as a file
+    endless.symlink_to("/dev/zero")
+    result = run_cli(*args, str(endless))
+    assert result.exit_code == 2, result.stderr
+    assert "larger than" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert log_size(embedded) == 0
+
+
+def test_a_fifo_that_never_ends_is_refused_past_the_limit(
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(queue_cmds, "MAX_SUBMISSION_BYTES", 1_000_000)
+    fifo = tmp_path / "commands"
+    os.mkfifo(fifo)
+
+    def write_forever() -> None:
+        with contextlib.suppress(BrokenPipeError), fifo.open("wb") as pipe:
+            while True:
+                pipe.write(b" " * 65_536)
+
+    writer = threading.Thread(target=write_forever, daemon=True)
+    writer.start()
+    result = run_cli("submit", str(fifo))
+    assert result.exit_code == 2 and "larger than 1000000 bytes" in result.stderr
+    writer.join(timeout=10)
+
+
+@pytest.mark.filterwarnings("ignore:Query string argument")
+def test_simulate_never_shows_the_password_of_its_log_url(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/sim.db?password=hunter2"
+    args = ["simulate", str(MOONCAKE_TRACE), "--limit", "5", "--no-chart", "--log", url]
+    as_json = run_cli(*args, "--json")
+    assert as_json.exit_code == 0, as_json.stderr
+    assert json.loads(as_json.output)["log"] == f"sqlite:///{tmp_path}/sim.db"
+    refused = run_cli(*args)  # the log now holds events
+    assert refused.exit_code == 2 and "already holds events" in refused.stderr
+    (tmp_path / "sim.db").unlink()
+    human = run_cli(*args)
+    assert human.exit_code == 0, human.stderr
+    for result in (as_json, refused, human):
+        assert "hunter2" not in result.output + result.stderr
+
+
+def test_an_unusable_log_url_names_the_log_option(tmp_path: Path) -> None:
+    result = run_cli("simulate", str(MOONCAKE_TRACE), "--limit", "5", "--no-chart",
+                     "--log", "nosuchdriver://user:hunter2@host/db")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --log is not a usable database URL")
+    assert "hunter2" not in result.stderr
+
+
+def test_worker_answers_in_json(tmp_path: Path, embedded: str) -> None:
+    run_cli("submit", str(write_lines(tmp_path / "c.jsonl", assess_memory("x"))))
+    result = run_cli("worker", "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.output) == {"queue": "embedded", "re_enqueued": 0,
+                                         "decided_in_process": True}
