@@ -106,31 +106,29 @@ def unknown(source: RecordedEvent, outcome_code: str, detail: str) -> Build:
     return build
 
 
-def unsent(source: RecordedEvent, reasons: list[Reason]) -> Build:
-    """A reservation settled without ever being sent: failed, its grant released."""
+def _failed_unprocessed(source: RecordedEvent, reasons: list[Reason], detail: str,
+                        release_code: str) -> Build:
+    """Failed with nothing processed (named by the first reason's code), the grant released."""
     code = reasons[0].code
 
     def build(tx: LogTransaction, operation: dict[str, Any]) -> list[StreamAppend]:
         budget = budget_of(tx.projections, operation["budget_id"])
         assert budget is not None
-        movement = release(budget, operation["grant_units"], f"grant_released_{code}")
+        movement = release(budget, operation["grant_units"], release_code)
         event = observation(source, tx, "observed-outcome", gw.OPERATION_REFUSED, code, reasons,
-                            {**identity(operation, "failed", code), "detail": "never sent"})
+                            {**identity(operation, "failed", code), "detail": detail})
         return [StreamAppend(source.stream_id, tx.stream_version(source.stream_id), [event]),
                 budget_append(source, tx, operation, gw.BUDGET_RELEASED, movement)]
     return build
+
+
+def unsent(source: RecordedEvent, reasons: list[Reason]) -> Build:
+    """A reservation settled without ever being sent: failed, its grant released."""
+    return _failed_unprocessed(source, reasons, "never sent", f"grant_released_{reasons[0].code}")
 
 
 def refused(source: RecordedEvent, detail: str) -> Build:
-    def build(tx: LogTransaction, operation: dict[str, Any]) -> list[StreamAppend]:
-        budget = budget_of(tx.projections, operation["budget_id"])
-        assert budget is not None
-        movement = release(budget, operation["grant_units"], "grant_released_refused_before_send")
-        reason = Reason("provider_refused", "the request never left; nothing was processed",
-                        {"detail": detail})
-        event = observation(source, tx, "observed-outcome", gw.OPERATION_REFUSED, "provider_refused",
-                            [reason], {**identity(operation, "failed", "provider_refused"),
-                                       "detail": detail})
-        return [StreamAppend(source.stream_id, tx.stream_version(source.stream_id), [event]),
-                budget_append(source, tx, operation, gw.BUDGET_RELEASED, movement)]
-    return build
+    """The provider refused before anything was sent: failed, its grant released."""
+    reason = Reason("provider_refused", "the request never left; nothing was processed",
+                    {"detail": detail})
+    return _failed_unprocessed(source, [reason], detail, "grant_released_refused_before_send")

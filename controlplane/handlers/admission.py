@@ -18,7 +18,7 @@ projection; `admission_pool` says how decisions bound what is kept and record wh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from controlplane.commands.base import CommandBase
@@ -67,6 +67,7 @@ from controlplane.state.admission import (
 )
 from controlplane.state.fleet import POOL
 from events.model import NewEvent, StreamAppend
+from events.projections import StateView
 
 EVENT_TYPES = {AdmissionAction.ADMIT: REQUEST_ADMITTED, AdmissionAction.QUEUE: REQUEST_QUEUED,
                AdmissionAction.SHED: REQUEST_SHED, AdmissionAction.RELEASE: REQUEST_RELEASED}
@@ -102,6 +103,22 @@ def request_event(command: CommandBase, ctx: DecisionContext, slot: str,
     data = decision_data(outcome=decision.action.value, reasons=decision.reasons, result=result,
                          policy=policy, inputs=inputs, ctx=ctx, causes=causes)
     return new_event(command, ctx, slot, EVENT_TYPES[decision.action], data)
+
+
+def queued_rows(state: StateView, queue: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The `admission_request` rows of a pool's queued requests, in queue order."""
+    return {rid: found for rid in queue
+            if (found := state.get(ADMISSION_REQUEST, rid)) is not None}
+
+
+def walked_events(command: CommandBase, ctx: DecisionContext, decisions: Sequence[AdmissionDecision],
+                  rows: dict[str, dict[str, Any]], pool_id: str, now: float,
+                  policy: PolicyInForce, inputs: dict[str, Any], causes: list[str],
+                  sequences: Iterator[int]) -> list[NewEvent]:
+    """The decisions a walk of the queue made (promotions, sheds), each in its own slot."""
+    return [request_event(command, ctx, f"promote/{d.request_id}", d,
+                          admission_record(rows[d.request_id]).request, pool_id, now, policy,
+                          inputs, causes, sequences) for d in decisions]
 
 
 def _answer_again(command: CommandBase, ctx: DecisionContext, row: dict[str, Any],
@@ -173,10 +190,8 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
         except PolicyInputError as error:
             return rejection(command, ctx, error, f"request/{command.request_id}")
     sequences = settled_sequences(admission)
-    followers = [request_event(command, ctx, f"promote/{d.request_id}", d,
-                                admission_record(walked_rows[d.request_id]).request,
-                                command.pool_id, now, policy, inputs, [], sequences)
-                 for d in walked]
+    followers = walked_events(command, ctx, walked, walked_rows, command.pool_id, now, policy,
+                              inputs, [], sequences)
     causes: list[str] = []
     if decision.action is AdmissionAction.SHED:
         causes = warming_placements(ctx.state, capacity)
@@ -208,8 +223,7 @@ def _walk_at_the_door(ctx: DecisionContext, admission: dict[str, Any], now: floa
     head = ctx.state.get(ADMISSION_REQUEST, queue[0]) if queue else None
     if head is None or not _head_moves(admission_record(head), live, now, rules):
         return (), {}, (live, queue)
-    rows = {rid: found for rid in queue
-            if (found := ctx.state.get(ADMISSION_REQUEST, rid)) is not None}
+    rows = queued_rows(ctx.state, queue)
     decisions, after = promote(PoolState(live, queue, tuple(admission_record(r) for r in rows.values())),
                                now, rules, QUEUE_CLEARED)
     return decisions, rows, (after.live_tokens, after.queue)
@@ -238,9 +252,7 @@ def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[S
     capacity = pool_capacity(ctx.state, pool_id, policy)
     admission = ctx.state.get(ADMISSION, pool_id) or empty_pool_admission(pool_id)
     queue = tuple(admission["queue"])
-    rows = {command.request_id: row}
-    rows.update({rid: found for rid in queue
-                 if (found := ctx.state.get(ADMISSION_REQUEST, rid)) is not None})
+    rows = {command.request_id: row, **queued_rows(ctx.state, queue)}
     # With no ready capacity nothing can be promoted: the policy sees no queue to walk.
     promote = capacity.budget_tokens > 0
     state = PoolState(admission["live_tokens"], queue if promote else (),
@@ -257,9 +269,8 @@ def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[S
     sequences = settled_sequences(admission)
     released = request_event(command, ctx, "decision", decisions[0],
                               admission_record(row).request, pool_id, now, policy, inputs, [], sequences)
-    followers = [request_event(command, ctx, f"promote/{d.request_id}", d,
-                                admission_record(rows[d.request_id]).request, pool_id, now, policy,
-                                inputs, [released.event_id], sequences) for d in decisions[1:]]
+    followers = walked_events(command, ctx, decisions[1:], rows, pool_id, now, policy, inputs,
+                              [released.event_id], sequences)
     appends = [append_to(stream, ctx, released)]
     appends += [append_to(f"request/{e.data['result']['request_id']}", ctx, e) for e in followers]
     remaining = list(after.queue) if promote else [rid for rid in queue if rid != command.request_id]

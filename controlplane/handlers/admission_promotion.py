@@ -12,7 +12,7 @@ from typing import Any
 from controlplane.commands.base import CommandBase
 from controlplane.commands.traffic import seconds
 from controlplane.decisions import DecisionContext, append_to
-from controlplane.handlers.admission import admission_record, request_event
+from controlplane.handlers.admission import admission_record, queued_rows, walked_events
 from controlplane.handlers.admission_pool import (
     PoolCapacity,
     admission_policy,
@@ -22,7 +22,7 @@ from controlplane.handlers.admission_pool import (
 )
 from controlplane.policies.admission import CAPACITY_READY, PoolState, promote
 from controlplane.policy_book import PolicyInForce
-from controlplane.state.admission import ADMISSION, ADMISSION_REQUEST
+from controlplane.state.admission import ADMISSION
 from events.model import StreamAppend
 
 
@@ -74,8 +74,7 @@ def promote_queue(command: CommandBase, ctx: DecisionContext, before: PoolCapaci
         return []
     now = seconds(command.at)
     queue = tuple(admission["queue"])
-    rows = {rid: found for rid in queue
-            if (found := ctx.state.get(ADMISSION_REQUEST, rid)) is not None}
+    rows = queued_rows(ctx.state, queue)
     decisions, state = promote(
         PoolState(admission["live_tokens"], queue, tuple(admission_record(r) for r in rows.values())),
         now, admission_policy(policy, after.budget_tokens), why)
@@ -84,9 +83,8 @@ def promote_queue(command: CommandBase, ctx: DecisionContext, before: PoolCapaci
     inputs = {"command": command.payload(), "pool": after.facts(),
               "admission": {"live_tokens": admission["live_tokens"], "queue": list(queue)}}
     sequences = settled_sequences(admission)
-    promoted = [request_event(command, ctx, f"promote/{d.request_id}", d,
-                               admission_record(rows[d.request_id]).request, after.pool_id, now, policy,
-                               inputs, [cause_event_id], sequences) for d in decisions]
+    promoted = walked_events(command, ctx, decisions, rows, after.pool_id, now, policy, inputs,
+                             [cause_event_id], sequences)
     appends = [append_to(f"request/{e.data['result']['request_id']}", ctx, e) for e in promoted]
     appends.append(pool_event(command, ctx, admission, state.live_tokens, list(state.queue),
                               promoted, now, admission_policy(policy), slot=pool_slot))

@@ -100,9 +100,11 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
     policy = ctx.policies.in_force(ctx.state, "placement")
     fleet = fleet_index(ctx.state, policy)
     most_free = _most_free(fleet, command)
+    inputs = {"command": command.payload(), "model": model, "gpus_considered": fleet.gpu_count}
     if most_free is None:
-        return _refused(command, ctx, policy, fleet, model, [Reason(
-            "no_gpus", "the fleet has no GPU to place a replica on", {"gpus_considered": 0})])
+        return _refused(command, ctx, policy, inputs, [Reason(
+            "no_gpus", "the fleet has no GPU to place a replica on", {"gpus_considered": 0})],
+            command.tensor_parallel_size, None)
     try:
         tp, assessment, layout = _layout(model, command, most_free, policy)
         request = PlacementRequest(
@@ -113,15 +115,11 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
         decision = place_grouped(request, fleet)
     except PolicyInputError as error:
         return rejection(command, ctx, error, stream)
-    inputs = {"command": command.payload(), "model": model, "gpus_considered": fleet.gpu_count}
     memory = to_plain(assessment)
     del memory["reasons"]
     if not decision.placed:
-        data = decision_data(outcome="refused", reasons=[layout, *assessment.reasons, *decision.reasons],
-                             result={"replica_id": command.replica_id, "pool_id": command.pool_id,
-                                     "tensor_parallel": tp, "memory": memory},
-                             policy=policy, inputs=inputs, ctx=ctx, causes=_causes(command))
-        return [append_to(stream, ctx, new_event(command, ctx, "decision", PLACEMENT_REFUSED, data))]
+        return _refused(command, ctx, policy, inputs,
+                        [layout, *assessment.reasons, *decision.reasons], tp, memory)
     by_node: dict[str, list[str]] = {}
     for qualified in decision.gpu_ids:
         node_id, gpu_id = qualified.split(GPU_ID_SEPARATOR, 1)
@@ -158,15 +156,14 @@ def _most_free(fleet: GpuIndex, command: PlaceReplica) -> float | None:
     return available if available is not None else fleet.largest_free_gib()
 
 
-def _refused(command: PlaceReplica, ctx: DecisionContext, policy: PolicyInForce, fleet: GpuIndex,
-             model: dict[str, Any], reasons: list[Reason]) -> list[StreamAppend]:
-    """A placement decided as impossible before any width is tried."""
+def _refused(command: PlaceReplica, ctx: DecisionContext, policy: PolicyInForce,
+             inputs: dict[str, Any], reasons: list[Reason], tensor_parallel: int | None,
+             memory: dict[str, Any] | None) -> list[StreamAppend]:
+    """The placement refused, with the width and memory it was judged at (if it got that far)."""
     data = decision_data(outcome="refused", reasons=reasons,
                          result={"replica_id": command.replica_id, "pool_id": command.pool_id,
-                                 "tensor_parallel": command.tensor_parallel_size, "memory": None},
-                         policy=policy, inputs={"command": command.payload(), "model": model,
-                                                "gpus_considered": fleet.gpu_count},
-                         ctx=ctx, causes=_causes(command))
+                                 "tensor_parallel": tensor_parallel, "memory": memory},
+                         policy=policy, inputs=inputs, ctx=ctx, causes=_causes(command))
     return [append_to(f"replica/{command.replica_id}", ctx,
                       new_event(command, ctx, "decision", PLACEMENT_REFUSED, data))]
 

@@ -17,19 +17,9 @@ from events.model import StreamAppend
 from events.projections import load_all
 from events.store import EventStore
 from events.verify import verify_log
-from tests.conftest import reset_postgres
 from tests.factories import append_marker, event
 
 LARGE = driver.COPY_MIN_ROWS
-
-
-@pytest.fixture
-def pg_store(postgres_database: str) -> Iterator[EventStore]:
-    """An empty log on the test PostgreSQL (staging is PostgreSQL's own)."""
-    reset_postgres(postgres_database)
-    store = open_store(postgres_database)
-    yield store
-    store.engine.dispose()
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
