@@ -7,7 +7,12 @@ consequences are part of it, in the same transaction:
 - a scale-up ISSUES one `PlaceReplica` per missing replica (child command ids
   `<command_id>:place:<n>`, replica ids `<pool_id>-as<seq>`), shaped like the pool's latest
   placement; they are decided later, start warming and add no ready capacity until ready;
-- a scale-down releases replicas at once, warming before ready and newest placement first.
+- a scale-down releases replicas at once, warming before ready and newest placement first, but
+  never a ready replica whose capacity admitted requests still hold: it releases only while the
+  pool's live-token budget after the release (ready capacity x the admission policy's
+  `live_token_budget_fraction`) still covers the tokens admitted and not yet released. The rest
+  wait for a later observation (`scale_down_held_by_admitted_load`); when none can go, the
+  decision is a hold, which starts no cooldown.
 Every consequence is caused by (`causes`, `causation_id`) the `ScaleDecided` event.
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from typing import Any
 
 from controlplane.commands.base import CommandBase
@@ -30,7 +36,7 @@ from controlplane.decisions import (
     new_event,
     rejection,
 )
-from controlplane.handlers.base import Handler, Streams
+from controlplane.handlers.base import Handler, Reads, Streams
 from controlplane.handlers.placement import release_events
 from controlplane.policies.autoscaling import (
     AutoscalingPolicy,
@@ -41,6 +47,7 @@ from controlplane.policies.autoscaling import (
     recommend_replicas,
 )
 from controlplane.policies.reasons import PolicyInputError, Reason
+from controlplane.state.admission import ADMISSION
 from controlplane.state.autoscaling import (
     AUTOSCALER,
     SCALE_DECIDED,
@@ -85,6 +92,40 @@ def _scale_down_order(pool: dict[str, Any], row: dict[str, Any]) -> list[str]:
     def newest_first(ids: dict[str, int]) -> list[str]:
         return sorted(ids, key=lambda rid: (-row["members"].get(rid, -1), rid))
     return newest_first(pool["warming"]) + newest_first(pool["ready"])
+
+
+def _admitted_load(ctx: DecisionContext, pool_id: str) -> dict[str, Any]:
+    """The tokens the pool's admitted requests hold, the admission policy's budget fraction, and
+    the admission decision that left them so (None before the pool's first)."""
+    admission = ctx.state.get(ADMISSION, pool_id) or {"live_tokens": 0, "last_event_id": None}
+    policy = ctx.policies.in_force(ctx.state, "admission")
+    return {"live_tokens": admission["live_tokens"],
+            "live_token_budget_fraction": policy.parameters["live_token_budget_fraction"],
+            "admission_event_id": admission["last_event_id"]}
+
+
+def _releasable(pool: dict[str, Any], victims: list[str], live_tokens: int,
+                fraction: float) -> tuple[list[str], Reason | None]:
+    """The leading `victims` a scale-down may release now, and why it stops short, if it does.
+
+    A warming replica serves nothing and always goes; a ready one goes only if the budget left
+    (`floor(ready tokens after x fraction)`, as admission computes it) covers `live_tokens`.
+    The order is kept: the first replica that must stay keeps every one after it.
+    """
+    remaining = sum(pool["ready"].values())
+    for index, replica_id in enumerate(victims):
+        tokens = pool["ready"].get(replica_id, 0)
+        if tokens and math.floor((remaining - tokens) * fraction) < live_tokens:
+            deferred = victims[index:]
+            return victims[:index], Reason(
+                "scale_down_held_by_admitted_load",
+                f"{len(deferred)} replica(s) kept: admitted requests hold {live_tokens} tokens, "
+                f"which the budget without {replica_id} ({math.floor((remaining - tokens) * fraction)}"
+                " tokens) would not cover",
+                {"live_tokens": live_tokens, "live_token_budget_fraction": fraction,
+                 "ready_tokens_kept": remaining, "deferred_replicas": deferred})
+        remaining -= tokens
+    return victims, None
 
 
 def _placements(command: ObserveLoad, ctx: DecisionContext, row: dict[str, Any],
@@ -155,8 +196,19 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
         decision = dataclasses.replace(decision, action=ScaleAction.HOLD,
                                        target_replicas=state.desired_replicas)
     children, issued = _placements(command, ctx, row, to_add)
-    victims = [] if decision.action is not ScaleAction.SCALE_DOWN else \
-        _scale_down_order(pool, row)[:state.desired_replicas - decision.target_replicas]
+    victims: list[str] = []
+    admitted: dict[str, Any] | None = None
+    held: Reason | None = None
+    if decision.action is ScaleAction.SCALE_DOWN:
+        admitted = _admitted_load(ctx, command.pool_id)
+        victims, held = _releasable(
+            pool, _scale_down_order(pool, row)[:state.desired_replicas - decision.target_replicas],
+            admitted["live_tokens"], admitted["live_token_budget_fraction"])
+        if held is not None:
+            reasons.append(held)
+            decision = dataclasses.replace(
+                decision, target_replicas=state.desired_replicas - len(victims),
+                action=ScaleAction.SCALE_DOWN if victims else ScaleAction.HOLD)
     acted = decision.action is not ScaleAction.HOLD
     result = {**_result(command, decision, state, parameters, window),
               "placements": [{"replica_id": c.replica_id, "command_id": c.command_id}
@@ -164,9 +216,12 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
               "releases": victims, "replicas_issued": issued,
               "last_scale_at_seconds": now if acted else row["last_scale_at_seconds"]}
     inputs = {"command": command.payload(), "state": state,
-              "window": window, "pool": {"ready": pool["ready"], "warming": pool["warming"]}}
-    # A hold is explained by the last scale change (its cooldown or window); an action by demand.
-    held_by = row["last_scale_event_id"] if not acted else None
+              "window": window, "pool": {"ready": pool["ready"], "warming": pool["warming"]},
+              **({"admitted": admitted} if admitted is not None else {})}
+    # A hold is explained by the last scale change (its cooldown or window), or by the admission
+    # decision that left the load a release would not fit; an action by demand.
+    held_by = (admitted["admission_event_id"] if held is not None and admitted
+               else row["last_scale_event_id"] if not acted else None)
     data = decision_data(outcome=decision.action.value, reasons=reasons, result=result,
                          policy=policy, inputs=inputs, ctx=ctx, causes=[held_by] if held_by else [])
     decided = new_event(command, ctx, "decision", SCALE_DECIDED, data)
@@ -198,5 +253,12 @@ def _result(command: ObserveLoad, decision: ScaleDecision, state: ScaleState,
             "window_size_after": len(next_window(window, keep_from, limit, bucket))}
 
 
+def _reads(command: CommandBase) -> list[tuple[str, str]]:
+    """The rows a decision reads: the pool, its autoscaler and its admitted load."""
+    assert isinstance(command, ObserveLoad)
+    return [(POOL, command.pool_id), (AUTOSCALER, command.pool_id), (ADMISSION, command.pool_id)]
+
+
 HANDLERS: dict[str, Handler] = {"ObserveLoad": handle_observe_load}
+READS: dict[str, Reads] = {"ObserveLoad": _reads}
 STREAMS: dict[str, Streams] = {"ObserveLoad": _streams}

@@ -234,3 +234,88 @@ def test_a_scale_up_with_no_replica_to_copy_is_a_hold_that_starts_no_cooldown(
     assert (later.data["outcome"], later.data["reasons"][0]["code"]) == (
         "scale_up", "scale_up_cleared_cooldown")
     assert_replay_exact(store)
+
+
+def admit(request_id: str, tokens: int, second: int) -> dict[str, Any]:
+    return {"type": "AdmitRequest", "command_id": f"admit-{request_id}", "request_id": request_id,
+            "pool_id": POOL, "prompt_tokens": tokens - tokens // 4,
+            "max_output_tokens": tokens // 4, "deadline_at": at(second + 600), "at": at(second)}
+
+
+def release_request(request_id: str, second: int) -> dict[str, Any]:
+    return {"type": "ReleaseRequest", "command_id": f"release-{request_id}",
+            "request_id": request_id, "at": at(second)}
+
+
+def quiet_until_scale_down(store: EventStore) -> None:
+    """Three ready replicas and a stabilisation window of low demand (1 replica's worth) that
+    the next observation, at 301 s, completes."""
+    run(store, *fleet("r1", "r2", "r3", scale_down_stabilization_seconds=300.0),
+        {"type": "SetPolicy", "command_id": "admission-policy", "name": "admission",
+         "parameters": {"max_tokens_per_request": 10_000_000}})
+    run(store, observe("low-0", 0, arrival=50.0))
+
+
+def test_a_scale_down_never_releases_capacity_that_admitted_requests_still_hold(
+        store: EventStore) -> None:
+    """Admitted requests hold more than two replicas' budget: releasing any ready replica would
+    leave them over it, so the scale-down holds (no cooldown starts), citing the admission
+    decision; once they are released, the next observation scales down."""
+    quiet_until_scale_down(store)
+    per_replica = pool(store)["ready"]["r1"]
+    run(store, admit("big", 2 * per_replica + 1, second=100))
+    assert decision(store, "admit-big").event_type == "RequestAdmitted"
+    run(store, observe("low-301", 301, arrival=50.0))
+    held = decision(store, "low-301")
+    assert held.data["outcome"] == "hold"
+    assert held.data["result"]["releases"] == []
+    assert held.data["result"]["target_replicas"] == 3
+    assert held.data["result"]["last_scale_at_seconds"] is None
+    code = held.data["reasons"][-1]
+    assert code["code"] == "scale_down_held_by_admitted_load"
+    assert code["facts"]["deferred_replicas"] == ["r3", "r2"]
+    assert code["facts"]["live_tokens"] == 2 * per_replica + 1
+    pool_admission = [e for e in store.events_for_command("admit-big")
+                      if e.event_type == "PoolAdmissionChanged"]
+    assert held.data["causes"] == [pool_admission[0].event_id]
+    assert sorted(pool(store)["ready"]) == ["r1", "r2", "r3"]
+
+    run(store, release_request("big", 302), observe("low-303", 303, arrival=50.0))
+    scaled = decision(store, "low-303")
+    assert (scaled.data["outcome"], scaled.data["result"]["releases"]) == ("scale_down", ["r3", "r2"])
+    assert sorted(pool(store)["ready"]) == ["r1"]
+    assert_replay_exact(store)
+
+
+def test_a_scale_down_releases_the_replicas_the_admitted_load_does_not_need(
+        store: EventStore) -> None:
+    """Admitted requests fit in two replicas' budget but not one: of the two the demand would
+    release, the newest goes and the next stays; the target says two."""
+    quiet_until_scale_down(store)
+    per_replica = pool(store)["ready"]["r1"]
+    run(store, admit("medium", per_replica + 1, second=100))
+    run(store, observe("low-301", 301, arrival=50.0))
+    scaled = decision(store, "low-301")
+    assert (scaled.data["outcome"], scaled.data["result"]["target_replicas"]) == ("scale_down", 2)
+    assert scaled.data["result"]["releases"] == ["r3"]
+    assert scaled.data["reasons"][-1]["facts"]["deferred_replicas"] == ["r2"]
+    assert scaled.data["inputs"]["admitted"]["live_tokens"] == per_replica + 1
+    assert sorted(pool(store)["ready"]) == ["r1", "r2"]
+    assert_replay_exact(store)
+
+
+def test_a_smaller_budget_fraction_keeps_more_replicas_for_the_same_admitted_load(
+        store: EventStore) -> None:
+    """The budget the load must fit is the admission policy's: at half of the capacity, a load
+    of one replica's worth needs two replicas."""
+    quiet_until_scale_down(store)
+    per_replica = pool(store)["ready"]["r1"]
+    run(store, {"type": "SetPolicy", "command_id": "admission-half", "name": "admission",
+                "parameters": {"max_tokens_per_request": 10_000_000,
+                               "live_token_budget_fraction": 0.5}},
+        admit("one-replica", per_replica // 2 + 1, second=100))
+    assert decision(store, "admit-one-replica").event_type == "RequestAdmitted"
+    run(store, observe("low-301", 301, arrival=50.0))
+    scaled = decision(store, "low-301")
+    assert scaled.data["result"]["releases"] == ["r3"]
+    assert sorted(pool(store)["ready"]) == ["r1", "r2"]
