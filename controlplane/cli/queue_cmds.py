@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -165,17 +166,20 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
     except OSError as error:
         raise OperationalError(f"cannot serve the embedded Redis on 127.0.0.1:{port}: "
                                f"{error.strerror or error}") from None
+    # Installed before anything is advertised: a SIGTERM that comes as soon as the announcement
+    # is read must still stop the workers and remove the up file, not kill this process.
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     with server:
         path = advertise(settings, server.url)
-        children = spawn_worker_processes(worker_count, server.url, settings.queues)
-        announce({"redis_url": server.url, "workers": worker_count,
-                  "up_file": None if path is None else str(path)}, as_json,
-                 lambda r: f"serving the embedded Redis at {r['redis_url']} with {r['workers']} "
-                           "worker(s); `fleetctl submit` here reaches them (or export "
-                           f"FLEET_REDIS_URL={r['redis_url']})")
-        stop = {"now": False}
-        signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+        children: list[subprocess.Popen[bytes]] = []
         try:
+            children = spawn_worker_processes(worker_count, server.url, settings.queues)
+            announce({"redis_url": server.url, "workers": worker_count,
+                      "up_file": None if path is None else str(path)}, as_json,
+                     lambda r: f"serving the embedded Redis at {r['redis_url']} with "
+                               f"{r['workers']} worker(s); `fleetctl submit` here reaches them "
+                               f"(or export FLEET_REDIS_URL={r['redis_url']})")
             while not stop["now"] and all(child.poll() is None for child in children):
                 time.sleep(0.5)
         except KeyboardInterrupt:

@@ -81,7 +81,11 @@ def test_submit_with_standard_input_closed_is_a_one_line_usage_error(sqlite_url:
     assert completed.stderr == "error: cannot read standard input: it is closed\n"
 
 
-def test_up_announces_itself_as_one_json_line(sqlite_url: str) -> None:
+def test_up_announces_itself_as_one_json_line_and_a_sigterm_right_after_stops_it_cleanly(
+        sqlite_url: str) -> None:
+    """The SIGTERM handler is in place before the announcement: terminated as soon as the line
+    is read, `up` exits 0 and removes its up file (it had died of the signal, leaving the file
+    advertising a Redis that was gone)."""
     process = subprocess.Popen(_fleetctl("up", "--workers", "0", "--json"),
                                env=_environment(sqlite_url), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -95,3 +99,4 @@ def test_up_announces_itself_as_one_json_line(sqlite_url: str) -> None:
         process.terminate()
         process.communicate(timeout=30)
     assert process.returncode == 0
+    assert not Path(started["up_file"]).exists()
