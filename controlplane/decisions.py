@@ -31,6 +31,8 @@ class DecisionContext:
     stream_version: Callable[[str], int]
     policies: PolicyBook
     accepted_event_id: str | None
+    # The command type's `RULES_VERSIONS` entry, set by `handlers.decide_command`.
+    rules_version: int = 1
 
 
 def inbox_record(command: CommandBase) -> Plain:
@@ -59,7 +61,8 @@ def new_event(command: CommandBase, ctx: DecisionContext, slot: str, event_type:
 def decision_data(*, outcome: str, reasons: tuple[Reason, ...] | list[Reason],
                   result: dict[str, Any], policy: PolicyInForce | None, inputs: dict[str, Any],
                   ctx: DecisionContext, causes: list[str] | None = None) -> dict[str, Any]:
-    """The recorded decision: outcome, reasons with facts, policy, inputs and read position.
+    """The recorded decision: outcome, reasons with facts, policy, inputs, read position and the
+    version of the rules that decided it.
 
     Every part is made plain here (`to_plain`: fresh containers, finite numbers), so the record
     is a `Plain` dict that the log encodes without checking it again.
@@ -72,6 +75,7 @@ def decision_data(*, outcome: str, reasons: tuple[Reason, ...] | list[Reason],
         "inputs": to_plain(inputs),
         "read_position": to_plain(ctx.read_position),
         "causes": to_plain(causes) if causes else [],
+        "rules_version": ctx.rules_version,
     })
 
 

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane.commands import parse_command
 from controlplane.decisions import ACCEPTED, DecisionContext
-from controlplane.handlers import OBSERVATIONS, decide_command
+from controlplane.handlers import OBSERVATIONS, decide_command, rules_version
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import apply_event
 from events.canonical import canonical_json
@@ -185,7 +185,8 @@ class StreamVersions:
 
 @dataclass
 class Drift:
-    """A decision whose re-derivation differs from what was recorded."""
+    """A decision whose re-derivation differs from what was recorded, and the versions of its
+    command's rules then (1 if none was recorded) and now."""
 
     command_id: str
     position: int
@@ -193,10 +194,20 @@ class Drift:
     recorded: dict[str, Any]
     rederived: dict[str, Any]
     changed_fields: list[str] = field(default_factory=list)
+    rules_version: int = 1
+    current_rules_version: int = 1
+
+    @property
+    def older_rules(self) -> bool:
+        """Decided under older rules than today's: explained by an upgrade, not a fault."""
+        return self.rules_version < self.current_rules_version
 
     def as_dict(self) -> dict[str, Any]:
         return {"command_id": self.command_id, "position": self.position,
                 "event_type": self.event_type, "changed_fields": self.changed_fields,
+                "rules_version": self.rules_version,
+                "current_rules_version": self.current_rules_version,
+                "older_rules": self.older_rules,
                 "recorded": self.recorded, "rederived": self.rederived}
 
 
@@ -212,6 +223,12 @@ class VerifyReport:
     @property
     def identical(self) -> bool:
         return not self.drifts
+
+    @property
+    def unexplained(self) -> list[Drift]:
+        """The drifts of decisions made under today's rules (or newer): the recorded history
+        cannot be reproduced by the rules that made it."""
+        return [drift for drift in self.drifts if not drift.older_rules]
 
 
 # The version `PolicyBook` gives a policy a what-if overrides.
@@ -332,9 +349,10 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any],
     context = DecisionContext(state, first.position - 1, versions.before(group), policies,
                               accepted_id)
     appends = decide_command(command, context)
-    rederived = [{"stream_id": a.stream_id, "event_type": e.event_type, "data": e.data}
+    # Compared without the rules version: a decision recorded before versions were lacks it.
+    rederived = [{"stream_id": a.stream_id, "event_type": e.event_type, "data": _unversioned(e.data)}
                  for a in appends for e in a.events]
-    recorded = [{"stream_id": e.stream_id, "event_type": e.event_type, "data": e.data}
+    recorded = [{"stream_id": e.stream_id, "event_type": e.event_type, "data": _unversioned(e.data)}
                 for e in group]
     report.decisions_checked += 1
     left, right = _comparable(recorded, rederived, what_if)
@@ -344,8 +362,16 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any],
                           if _differs(a["data"], b["data"], key)})
         if len(left) != len(right):
             changed.append("event_count")
+        version = next((e.data.get("rules_version", 1) for e in group if "outcome" in e.data), 1)
         report.drifts.append(Drift(first.command_id or "", first.position, first.event_type,
-                                   _summary(recorded), _summary(rederived), changed))
+                                   _summary(recorded), _summary(rederived), changed,
+                                   version if type(version) is int else 1,
+                                   rules_version(command.command_type)))
+
+
+def _unversioned(data: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in data.items() if key != "rules_version"} \
+        if "rules_version" in data else data
 
 
 def _summary(events: list[dict[str, Any]]) -> dict[str, Any]:

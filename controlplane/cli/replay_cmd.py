@@ -28,13 +28,20 @@ def _render(report: dict[str, Any]) -> str:
         label = "what-if" if report.get("what_if") else "verify"
         lines.append(f"{label}: {report['decisions_checked']} decision(s) re-derived, "
                      f"{'identical' if not drifts else f'{len(drifts)} would differ'}")
+        older = [d for d in drifts if d["older_rules"]]
+        if older and not report.get("what_if"):
+            lines.append(f"  {len(older)} of them decided under older rules than today's "
+                         "(an upgrade changed them; see the CHANGELOG), "
+                         f"{len(drifts) - len(older)} under today's")
         if report.get("decisions_unchecked"):
             lines.append(f"  {report['decisions_unchecked']} decision(s) left unchecked: their"
                          f" events run past position {report['position']}")
         for drift in drifts[:50]:
+            rules = (f"; rules {drift['rules_version']} -> {drift['current_rules_version']}"
+                     if drift["older_rules"] else "")
             lines.append(f"  #{drift['position']} {drift['command_id']}: "
                          f"{drift['recorded']['outcome']} -> {drift['rederived']['outcome']} "
-                         f"({', '.join(drift['changed_fields'])})")
+                         f"({', '.join(drift['changed_fields'])}{rules})")
     if "rebuilt_events" in report:
         lines.append(f"rebuilt the live projections from {report['rebuilt_events']} event(s)")
     return "\n".join(lines)
@@ -72,8 +79,10 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
         result = verify_decisions(store, policies, to_position)
         report.update(decisions_checked=result.decisions_checked,
                       decisions_unchecked=result.decisions_unchecked, what_if=bool(policy_file),
-                      drifts=[d.as_dict() for d in result.drifts])
-        # A drift under plain --verify means the recorded history cannot be reproduced.
-        failed = failed or (bool(result.drifts) and not policy_file)
+                      drifts=[d.as_dict() for d in result.drifts],
+                      unexplained_drifts=len(result.unexplained))
+        # A drift under plain --verify of a decision made under today's rules means the recorded
+        # history cannot be reproduced; one made under older rules is an upgrade's, reported.
+        failed = failed or (bool(result.unexplained) and not policy_file)
     emit(report, as_json, _render)
     return 1 if failed else 0

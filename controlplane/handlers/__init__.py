@@ -1,12 +1,13 @@
 """Command handlers: command -> read state -> policy -> events, one function per command type.
 
 Domain modules of this package export `HANDLERS` (and optionally `PRECHECKS`, `EFFECTS`,
-`OBSERVATIONS`, `READS`, `STREAMS`, `WARMS`; see `handlers/base.py`); this is the one registry that
-assembles them.
+`OBSERVATIONS`, `READS`, `RULES_VERSIONS`, `STREAMS`, `WARMS`; see `handlers/base.py`); this is
+the one registry that assembles them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import structlog
@@ -45,6 +46,8 @@ STREAMS: dict[str, Streams] = {name: streams for domain in _DOMAINS
                                for name, streams in getattr(domain, "STREAMS", {}).items()}
 WARMS: dict[str, Warm] = {name: warm for domain in _DOMAINS
                           for name, warm in getattr(domain, "WARMS", {}).items()}
+RULES_VERSIONS: dict[str, int] = {name: version for domain in _DOMAINS
+                                  for name, version in getattr(domain, "RULES_VERSIONS", {}).items()}
 OBSERVATIONS: frozenset[str] = frozenset(kind for domain in _DOMAINS
                                          for kind in getattr(domain, "OBSERVATIONS", ()))
 RESUMABLE: frozenset[str] = frozenset(kind for domain in _DOMAINS
@@ -54,14 +57,22 @@ UNFINISHED: list[Unfinished] = [find for domain in _DOMAINS
 
 
 
+def rules_version(command_type: str) -> int:
+    """The version of `command_type`'s decision rules today (`RULES_VERSIONS`, else 1)."""
+    return RULES_VERSIONS.get(command_type, 1)
+
+
 def decide_command(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     """The command's decision by its handler; the one way both deciding and re-derivation
-    call handlers.
+    call handlers. The decision records the version of the rules it was made under.
 
     A handler that raises one of `DECISION_FAILURES` (a bug, or inputs its policy does not
     guard against) gets its command rejected with `decision_failed` (`failed_decision`)
     instead of failing, and rolling back, every other command of its batch on every retry.
     """
+    version = rules_version(command.command_type)
+    if version != ctx.rules_version:
+        ctx = dataclasses.replace(ctx, rules_version=version)
     try:
         return HANDLERS[command.command_type](command, ctx)
     except DECISION_FAILURES as error:
@@ -72,6 +83,7 @@ def decide_command(command: CommandBase, ctx: DecisionContext) -> list[StreamApp
         return failed_decision(command, ctx, error)
 
 
-__all__ = ["EFFECTS", "HANDLERS", "OBSERVATIONS", "PRECHECKS", "READS", "RESUMABLE", "STREAMS",
-           "UNFINISHED", "WARMS",
-           "Effect", "Handler", "Precheck", "Reads", "Streams", "Warm", "decide_command"]
+__all__ = ["EFFECTS", "HANDLERS", "OBSERVATIONS", "PRECHECKS", "READS", "RESUMABLE",
+           "RULES_VERSIONS", "STREAMS", "UNFINISHED", "WARMS",
+           "Effect", "Handler", "Precheck", "Reads", "Streams", "Warm", "decide_command",
+           "rules_version"]

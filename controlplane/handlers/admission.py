@@ -284,6 +284,15 @@ HANDLERS: dict[str, Handler] = {
     "ReleaseRequest": handle_release_request,
 }
 
+# Versions of the decision rules, each with what changed (see `handlers/base.py`).
+RULES_VERSIONS: dict[str, int] = {
+    # 2: an arrival first sheds the queue heads past their deadline or token bound, and admits
+    #    the heads that then fit, before it is judged.
+    "AdmitRequest": 2,
+    # 2: a promoted head whose tokens exceed a lowered `max_tokens_per_request` is shed.
+    "ReleaseRequest": 2,
+}
+
 
 def _admit_reads(command: CommandBase) -> list[tuple[str, str]]:
     assert isinstance(command, AdmitRequest)

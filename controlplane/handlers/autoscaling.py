@@ -260,5 +260,13 @@ def _reads(command: CommandBase) -> list[tuple[str, str]]:
 
 
 HANDLERS: dict[str, Handler] = {"ObserveLoad": handle_observe_load}
+
+# Versions of the decision rules, each with what changed (see `handlers/base.py`).
+RULES_VERSIONS: dict[str, int] = {
+    # 2: the kept window keeps its oldest observation and merges the middle per span; a
+    #    scale-up with no replica to copy is a hold.
+    # 3: a scale-down never releases capacity admitted requests still hold.
+    "ObserveLoad": 3,
+}
 READS: dict[str, Reads] = {"ObserveLoad": _reads}
 STREAMS: dict[str, Streams] = {"ObserveLoad": _streams}

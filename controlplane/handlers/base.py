@@ -23,6 +23,12 @@
   the batch's. Only a speed-up, as `READS`: a stream left out costs a query of its own (on
   PostgreSQL a round trip under the append lock) in each transaction whose store does not
   already know its version (a store knows them only while the log is where it left it).
+- `RULES_VERSIONS: dict[str, int]`: command type -> the version of its decision rules (1 when
+  not given), recorded in each of its decisions (`rules_version`). Bump it, saying what changed,
+  whenever the handler (or a policy it calls) would decide differently on the same log: a
+  decision recorded under an older version that re-derives differently is then reported by
+  `replay --verify` as made under older rules (an upgrade), not as a fault. A decision recorded
+  before versions were recorded carries none and counts as version 1.
 - `WARMS: dict[str, Warm]`: command type -> reads that build the views its handler uses (the
   GPU index), run before the append lock by a process that has built none yet
   (`EventStore.warm`). Only a speed-up: the lock's transaction revalidates what they built.

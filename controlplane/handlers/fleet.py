@@ -172,6 +172,11 @@ STREAMS: dict[str, Streams] = {
     "RegisterModel": lambda command: [CATALOG_STREAM],
     "SetPolicy": _set_policy_streams,
 }
+# Versions of the decision rules, each with what changed (see `handlers/base.py`).
+RULES_VERSIONS: dict[str, int] = {
+    # 2: an admission policy version with a larger budget fraction promotes queue heads.
+    "SetPolicy": 2,
+}
 PRECHECKS: dict[str, Precheck] = {
     "SetPolicy": precheck_set_policy,
     "RegisterNode": precheck_register_node,

@@ -239,6 +239,14 @@ HANDLERS: dict[str, Handler] = {
     "ReleaseReplica": handle_release_replica,
     "MarkReplicaReady": handle_mark_ready,
 }
+# Versions of the decision rules, each with what changed (see `handlers/base.py`).
+RULES_VERSIONS: dict[str, int] = {
+    # 2: the automatic tensor-parallel width is sized on the GPUs the placement could take; a
+    #    fleet with no GPU refuses with `no_gpus`.
+    "PlaceReplica": 2,
+    # 2: a replica becoming ready promotes the heads of its pool's admission queue.
+    "MarkReplicaReady": 2,
+}
 
 
 def _replica_reads(command: CommandBase) -> list[tuple[str, str]]:

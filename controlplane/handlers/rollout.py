@@ -260,5 +260,10 @@ HANDLERS: dict[str, Handler] = {
     "EvaluateCanary": handle_evaluate_canary,
 }
 PRECHECKS: dict[str, Precheck] = {"StartRollout": precheck_start_rollout}
+# Versions of the decision rules, each with what changed (see `handlers/base.py`).
+RULES_VERSIONS: dict[str, int] = {
+    # 2: a canary rung is cleared only by evidence measured on it.
+    "EvaluateCanary": 2,
+}
 # A measurement issues its rollout's evaluation to the inbox.
 STREAMS: dict[str, Streams] = {"RecordCanaryMeasurement": lambda command: [INBOX_STREAM]}

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from redis import Redis
 
+from controlplane import handlers
 from controlplane.commands import command_adapter
 from controlplane.errors import SubmissionRejected
+from controlplane.handlers import autoscaling
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import state_at, verify_decisions
 from controlplane.service import accept, pending_command_ids
@@ -127,7 +129,7 @@ def test_a_scale_up_inside_the_cooldown_holds_and_what_if_a_shorter_cooldown_wou
     run(store, observe("load-1", 10, arrival=150.0))
     run(store, observe("load-2", 40, arrival=350.0))
     held = decision(store, "load-2")
-    assert held.data["outcome"] == "hold"
+    assert (held.data["outcome"], held.data["rules_version"]) == ("hold", 3)
     assert held.data["reasons"][0]["code"] == "scale_up_inside_cooldown"
     assert held.data["causes"] == [decision(store, "load-1").event_id]  # the change it waits on
     policy_file = tmp_path / "policy.json"
@@ -267,7 +269,7 @@ def test_a_scale_down_never_releases_capacity_that_admitted_requests_still_hold(
     assert decision(store, "admit-big").event_type == "RequestAdmitted"
     run(store, observe("low-301", 301, arrival=50.0))
     held = decision(store, "low-301")
-    assert held.data["outcome"] == "hold"
+    assert (held.data["outcome"], held.data["rules_version"]) == ("hold", 3)
     assert held.data["result"]["releases"] == []
     assert held.data["result"]["target_replicas"] == 3
     assert held.data["result"]["last_scale_at_seconds"] is None
@@ -319,3 +321,25 @@ def test_a_smaller_budget_fraction_keeps_more_replicas_for_the_same_admitted_loa
     scaled = decision(store, "low-301")
     assert scaled.data["result"]["releases"] == ["r3"]
     assert sorted(pool(store)["ready"]) == ["r1", "r2"]
+
+
+def test_a_scale_down_recorded_under_the_previous_rules_drifts_as_an_upgrade_not_a_fault(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Recorded as rules version 2 decided it (every victim released, admitted load or not),
+    the scale-down re-derives differently under version 3: `replay --verify` reports the drift
+    as one made under older rules, and nothing as unexplained."""
+    monkeypatch.setattr(autoscaling, "_releasable",
+                        lambda pool, victims, live_tokens, fraction: (victims, None))
+    monkeypatch.setitem(handlers.RULES_VERSIONS, "ObserveLoad", 2)
+    quiet_until_scale_down(store)
+    run(store, admit("big", 2 * pool(store)["ready"]["r1"] + 1, second=100),
+        observe("low-301", 301, arrival=50.0))
+    recorded = decision(store, "low-301")
+    assert (recorded.data["rules_version"], recorded.data["result"]["releases"]) == (2, ["r3", "r2"])
+    monkeypatch.undo()
+
+    report = verify_decisions(store)
+    assert [(d.command_id, d.rules_version, d.current_rules_version, d.older_rules)
+            for d in report.drifts] == [("low-301", 2, 3, True)]
+    assert report.drifts[0].rederived["outcome"] == "hold"
+    assert report.unexplained == []

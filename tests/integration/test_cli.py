@@ -345,3 +345,43 @@ def test_worker_answers_in_json(tmp_path: Path, embedded: str) -> None:
     assert result.exit_code == 0, result.stderr
     assert json.loads(result.output) == {"queue": "embedded", "re_enqueued": 0,
                                          "decided_in_process": True}
+
+
+def _drifting_assess_memory(monkeypatch: pytest.MonkeyPatch, new_version: int | None) -> None:
+    """Today's AssessMemory decides every command the other way; with `new_version`, its rules
+    version was bumped to say so (an upgrade); without, it was not (a fault)."""
+    from controlplane import handlers
+
+    original = handlers.HANDLERS["AssessMemory"]
+
+    def flipped(command, ctx):  # type: ignore[no-untyped-def]
+        appends = original(command, ctx)
+        for append in appends:
+            for event in append.events:
+                if "outcome" in event.data:
+                    event.data["outcome"] = "flipped"
+        return appends
+
+    monkeypatch.setitem(handlers.HANDLERS, "AssessMemory", flipped)
+    if new_version is not None:
+        monkeypatch.setitem(handlers.RULES_VERSIONS, "AssessMemory", new_version)
+
+
+def test_replay_verify_passes_a_drift_made_under_older_rules_and_fails_one_under_todays(
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = write_lines(tmp_path / "cmds.jsonl", assess_memory("a"))
+    assert run_cli("submit", str(source)).exit_code == 0
+    with monkeypatch.context() as upgraded:
+        _drifting_assess_memory(upgraded, new_version=2)
+        result = run_cli("replay", "--verify")
+        assert result.exit_code == 0, result.output
+        assert "1 of them decided under older rules than today's" in result.output
+        assert "rules 1 -> 2" in result.output
+        as_json = json.loads(run_cli("replay", "--verify", "--json").output)
+        assert as_json["unexplained_drifts"] == 0 and as_json["drifts"][0]["older_rules"]
+    with monkeypatch.context() as broken:
+        _drifting_assess_memory(broken, new_version=None)
+        result = run_cli("replay", "--verify")
+        assert result.exit_code == 1
+        assert "older rules" not in result.output and "1 would differ" in result.output
+    assert run_cli("replay", "--verify").exit_code == 0
