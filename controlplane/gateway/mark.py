@@ -14,8 +14,18 @@ from typing import Any
 import structlog
 
 from controlplane.gateway.observations import observation, unsent
-from controlplane.gateway.world import principal_of, refs_of, sources_of, tenant_of
+from controlplane.gateway.world import (
+    bundle_of,
+    principal_of,
+    profile_of,
+    refs_of,
+    route_of,
+    sources_of,
+    tenant_of,
+)
+from controlplane.policies.gateway import NetworkPolicy
 from controlplane.policies.gateway_authorise import authorise_evidence, authorise_identity
+from controlplane.policies.gateway_select import reserved_route_verdict
 from controlplane.policies.reasons import Reason
 from controlplane.policy_book import PolicyBook
 from controlplane.state import gateway as gw
@@ -35,8 +45,9 @@ def mark_reserved(store: EventStore, reserved: RecordedEvent) -> RecordedEvent |
 
     A reservation older than the dispatch lease (its worker died, and the job came back late)
     is not sent at all: the caller was told the outcome is unknown past the lease and may have
-    moved on. Nor is one whose authorisation no longer holds (its principal or a source revoked,
-    its route withdrawn or not ready, or no longer private for a private-only request), which a
+    moved on. Nor is one whose authorisation no longer holds (its principal or a source revoked
+    or unreadable; its route, the route's provider or the profile no longer approved, compatible
+    or ready; the route outside the request's or the tenant's current network policy), which a
     resumed reservation may meet. Either is settled as failed, its grant released, and None
     returned.
     """
@@ -85,20 +96,15 @@ def withdrawn(state: StateView, operation: dict[str, Any]) -> list[Reason]:
     """Why the reservation's authorisation no longer holds (empty when it does): what a
     decision checked, checked again just before the call."""
     principal = principal_of(state, operation["principal_id"])
-    identity = authorise_identity(operation["tenant"], operation["principal_id"], principal,
-                                  tenant_of(state, operation["tenant"]))
-    if not identity.allowed or principal is None:
+    tenant = tenant_of(state, operation["tenant"])
+    identity = authorise_identity(operation["tenant"], operation["principal_id"], principal, tenant)
+    if not identity.allowed or principal is None or tenant is None:
         return list(identity.reasons)
     evidence = authorise_evidence(principal, refs_of(operation["evidence"]), sources_of(state))
     if not evidence.allowed:
         return list(evidence.reasons)
-    route = state.get(gw.REGISTRIES["route"], operation["route_id"]) or {}
-    private_only = operation["network_policy"] == "private_only"
-    if not route.get("approved") or not route.get("ready") \
-            or (private_only and not route.get("private")):
-        return [Reason("route_withdrawn", "the route chosen at reservation is no longer approved, "
-                       "ready and within the request's network policy",
-                       {"route_id": operation["route_id"], "approved": route.get("approved"),
-                        "ready": route.get("ready"), "private": route.get("private"),
-                        "network_policy": operation["network_policy"]})]
-    return []
+    route = reserved_route_verdict(bundle_of(state, operation["release_id"]),
+                                   profile_of(state, operation["profile_id"]),
+                                   route_of(state, operation["route_id"]),
+                                   NetworkPolicy(operation["network_policy"]), tenant.network_policy)
+    return [] if route.allowed else list(route.reasons)

@@ -69,33 +69,46 @@ def pointer_of(state: StateView, pointer_name: str) -> ReleasePointer | None:
     return ReleasePointer(pointer_name, row["tenant_id"], row["release_id"], row["version"])
 
 
+def _profile(profile_id: str, row: dict[str, Any]) -> Profile:
+    memory = row.get("memory")
+    return Profile(
+        profile_id=profile_id, model_id=row["model_id"], digest=row["digest"],
+        approved=row["approved"], context_window_tokens=row["context_window_tokens"],
+        max_output_tokens=row["max_output_tokens"], capabilities=frozenset(row["capabilities"]),
+        approved_providers=frozenset(row["approved_providers"]),
+        input_limit_tokens=row.get("input_limit_tokens"),
+        memory=ModelMemory(**memory) if memory else None)
+
+
 def profiles_of(state: StateView) -> dict[str, Profile]:
-    profiles = {}
-    for profile_id, row in state.items(REGISTRIES["profile"]):
-        memory = row.get("memory")
-        profiles[profile_id] = Profile(
-            profile_id=profile_id, model_id=row["model_id"], digest=row["digest"],
-            approved=row["approved"], context_window_tokens=row["context_window_tokens"],
-            max_output_tokens=row["max_output_tokens"],
-            capabilities=frozenset(row["capabilities"]),
-            approved_providers=frozenset(row["approved_providers"]),
-            input_limit_tokens=row.get("input_limit_tokens"),
-            memory=ModelMemory(**memory) if memory else None)
-    return profiles
+    return {profile_id: _profile(profile_id, row)
+            for profile_id, row in state.items(REGISTRIES["profile"])}
+
+
+def profile_of(state: StateView, profile_id: str) -> dict[str, Profile]:
+    """The registered profile `profile_id` alone, keyed as `profiles_of` keys every one."""
+    row = state.get(REGISTRIES["profile"], profile_id)
+    return {profile_id: _profile(profile_id, row)} if row is not None else {}
+
+
+def _route(route_id: str, row: dict[str, Any]) -> Route:
+    plan = row.get("gpu_plan")
+    prices, economics = route_pricing(row)
+    return Route(
+        route_id=route_id, adapter_kind=AdapterKind(row["adapter_kind"]),
+        provider=row["provider"], private=row["private"], approved=row["approved"],
+        ready=row["ready"], compatible_profiles=frozenset(row["compatible_profiles"]),
+        pool=row.get("pool"), gpu_plan=GpuPlan(**plan) if plan else None,
+        prices=prices, economics=economics)
 
 
 def routes_of(state: StateView) -> tuple[Route, ...]:
-    routes = []
-    for route_id, row in state.items(REGISTRIES["route"]):
-        plan = row.get("gpu_plan")
-        prices, economics = route_pricing(row)
-        routes.append(Route(
-            route_id=route_id, adapter_kind=AdapterKind(row["adapter_kind"]),
-            provider=row["provider"], private=row["private"], approved=row["approved"],
-            ready=row["ready"], compatible_profiles=frozenset(row["compatible_profiles"]),
-            pool=row.get("pool"), gpu_plan=GpuPlan(**plan) if plan else None,
-            prices=prices, economics=economics))
-    return tuple(routes)
+    return tuple(_route(route_id, row) for route_id, row in state.items(REGISTRIES["route"]))
+
+
+def route_of(state: StateView, route_id: str) -> Route | None:
+    row = state.get(REGISTRIES["route"], route_id)
+    return _route(route_id, row) if row is not None else None
 
 
 def route_pricing(row: dict[str, Any]) -> tuple[TokenPrices | None, ServingEconomics | None]:

@@ -98,7 +98,7 @@ def _denied(command: Dispatch, ctx: DecisionContext, policy: PolicyInForce, requ
 def _stored(row: dict[str, Any]) -> StoredOperation:
     return StoredOperation(row["operation_id"], row["principal_id"], row["fingerprint"],
                            OperationState(row["state"]), refs_of(row["evidence"]),
-                           row.get("outcome_code"))
+                           row.get("outcome_code"), row["dispatch_count"])
 
 
 def seconds_between(earlier_iso: str | None, later: datetime) -> float | None:
@@ -223,6 +223,12 @@ def unfinished_dispatches(state: StateView) -> list[str]:
 
 
 HANDLERS: dict[str, Handler] = {"Dispatch": handle_dispatch}
+# Versions of the decision rules, each with what changed (see `handlers/base.py`).
+RULES_VERSIONS: dict[str, int] = {
+    # 2: a replay of a failed operation no provider refused (never sent, or reconciled
+    #    `not_processed`) answers `not_processed`, not `provider_refused`.
+    "Dispatch": 2,
+}
 STREAMS: dict[str, Streams] = {"Dispatch": _dispatch_streams}
 READS: dict[str, Reads] = {"Dispatch": _dispatch_reads}
 EFFECTS: dict[str, Effect] = {gw.OPERATION_RESERVED: execute_dispatch}

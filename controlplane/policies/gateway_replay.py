@@ -3,7 +3,8 @@
 
 Guarantee (spec G2, G7): a replay never selects, bounds, reserves or dispatches; it re-checks the
 caller's current right to the original evidence and then returns what the operation recorded:
-the saved answer, the same typed uncertainty, or "in progress".
+the saved answer, the same typed uncertainty, the same typed failure (`provider_refused` only when
+a provider refused it, else `not_processed`), or "in progress".
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class StoredOperation:
     state: OperationState
     evidence: tuple[SourceRef, ...]
     outcome_code: str | None = None
+    dispatch_count: int = 1
 
 
 class ReplayOutcome(StrEnum):
@@ -67,6 +69,7 @@ class ReplayOutcome(StrEnum):
     OUTCOME_UNKNOWN = "outcome_unknown"
     PERSIST_FAILED = "persist_failed"
     PROVIDER_REFUSED = "provider_refused"
+    NOT_PROCESSED = "not_processed"
     IN_PROGRESS = "operation_in_progress"
     DENIED = "denied"
 
@@ -88,6 +91,26 @@ def check_fingerprint(stored: StoredOperation, request_fingerprint: str) -> Step
                                           {"operation_id": stored.operation_id})])
     return allow(Step.REPLAY, "same_request", "the request matches the operation's fingerprint",
                  operation_id=stored.operation_id)
+
+
+def _failed(stored: StoredOperation, verdict: StepVerdict, facts: dict[str, str]) -> ReplayDecision:
+    """A failed operation's typed error: a refusal only when a provider refused it.
+
+    One never sent, or settled by an operator's "not_processed" evidence, was refused by no one:
+    it answers `not_processed`, with the recorded code saying why (spec §4 `failed`: the same
+    typed error on every replay). It is never re-executed: the key stays this operation's
+    (spec G2, §4: no second operation for a key), and a reconciliation is never reopened by a
+    caller's retry (spec §13.3); a new request takes a new key.
+    """
+    if stored.outcome_code == "not_processed" or stored.dispatch_count == 0:
+        reason = Reason("not_processed", "the request was not processed and will not be sent; "
+                        "send it again under a new key",
+                        {**facts, "outcome_code": stored.outcome_code,
+                         "dispatch_count": stored.dispatch_count})
+        return ReplayDecision(ReplayOutcome.NOT_PROCESSED, verdict, (reason,))
+    reason = Reason("provider_refused", "the provider refused the request before processing it",
+                    facts)
+    return ReplayDecision(ReplayOutcome.PROVIDER_REFUSED, verdict, (reason,))
 
 
 def replay_operation(stored: StoredOperation, principal: Principal, sources: Mapping[str, Source],
@@ -117,9 +140,7 @@ def replay_operation(stored: StoredOperation, principal: Principal, sources: Map
                         "it will not be retried", facts)
         return ReplayDecision(outcome, verdict, (reason,))
     if stored.state is OperationState.FAILED:
-        reason = Reason("provider_refused", "the provider refused the request before processing it",
-                        facts)
-        return ReplayDecision(ReplayOutcome.PROVIDER_REFUSED, verdict, (reason,))
+        return _failed(stored, verdict, facts)
     if since_dispatch_seconds is not None and since_dispatch_seconds >= lease_seconds:
         reason = Reason("outcome_unknown", "the dispatch lease expired without a recorded result; "
                         "it will not be retried",

@@ -71,6 +71,33 @@ def effective_network_policy(tenant_policy: NetworkPolicy,
     return tenant_policy
 
 
+def reserved_route_verdict(bundle: ReleaseBundle | None, profiles: Mapping[str, Profile],
+                           route: Route | None, reserved_policy: NetworkPolicy,
+                           tenant_policy: NetworkPolicy) -> StepVerdict:
+    """Allow only while the route pinned at reservation would still pass Select for the pinned
+    release's profile, under the stricter of the reserved policy and the tenant's current one.
+
+    Nothing is re-chosen: a route that no longer passes is a denial, never a fallback (spec §5.1
+    step 4 hard rule); a tenant that loosened its policy since does not loosen the request's.
+    """
+    policy = NetworkPolicy.PRIVATE_ONLY if NetworkPolicy.PRIVATE_ONLY in (
+        reserved_policy, tenant_policy) else reserved_policy
+    facts: dict[str, object] = {"route_id": None, "profile_id": None,
+                                "network_policy": policy.value, "select_code": "route_unknown"}
+    if bundle is not None and route is not None:
+        facts.update(route_id=route.route_id, profile_id=bundle.profile_id,
+                     approved=route.approved, ready=route.ready, private=route.private)
+        verdict = select_route(bundle, profiles, (route,), policy).verdict
+        facts["select_code"] = verdict.code
+        if verdict.allowed:
+            return allow(Step.SELECT, "reserved_route_eligible", "the reserved route may still "
+                         "serve the request", **facts)
+    return deny(Step.SELECT, [Reason(
+        "route_withdrawn", "the route chosen at reservation may no longer serve the request: it "
+        "is not approved, trusted, compatible or ready, or outside the tenant's network policy",
+        facts)])
+
+
 def memory_fits(profile: Profile, route: Route) -> dict[str, object] | None:
     """None when the route's plan holds its concurrency at the profile's context; else the facts."""
     if route.adapter_kind is not AdapterKind.SELF_HOSTED or route.gpu_plan is None \

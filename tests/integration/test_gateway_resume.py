@@ -7,14 +7,23 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controlplane.commands.gateway import ReconcileOperation, RevokePrincipal, RevokeSource
+from controlplane.commands.base import CommandBase
+from controlplane.commands.gateway import (
+    ReconcileOperation,
+    RegisterProfile,
+    RegisterSource,
+    RevokePrincipal,
+    RevokeSource,
+    SetNetworkPolicy,
+)
 from controlplane.deciding import Prepared, decide_batch
 from controlplane.gateway import mark
 from controlplane.gateway.fixture_provider import Fault
-from controlplane.gateway.scenario import GatewayDriver, dispatch, route
+from controlplane.gateway.scenario import MEMORY_8B, GatewayDriver, dispatch, route
 from controlplane.policy_book import PolicyBook
 from controlplane.service import accept, decide, unfinished_command_ids
 from controlplane.settings import Settings
+from controlplane.state import gateway as gw
 from tests.fleet_helpers import decision
 from workers.pipeline import reconcile
 
@@ -123,4 +132,74 @@ def test_a_resumed_reservation_whose_authorisation_was_withdrawn_is_never_sent(
     assert operation is not None and operation["state"] == "failed"
     assert operation["outcome_code"] == {"route": "route_withdrawn", "principal": "identity_revoked",
                                          "source": "source_revoked"}[withdrawal]
+    assert gateway.budget()["reserved_units"] == 0
+
+
+def _small_profile(at: datetime, **changes: object) -> RegisterProfile:
+    """The fixture's `chat-small-v1` registered again at `at`, with `changes` applied."""
+    fields: dict[str, object] = {
+        "profile_id": "chat-small-v1", "model_id": "small-8b", "digest": "sha256:small",
+        "approved": True, "context_window_tokens": 8_192, "max_output_tokens": 1_024,
+        "approved_providers": ["hostedco", "selfhost"], "memory": MEMORY_8B, **changes}
+    return RegisterProfile.model_validate({**fields, "at": at})
+
+
+def _withdrawal(kind: str, at: datetime) -> CommandBase:
+    """A change, after the reservation, that takes away a right its decision relied on."""
+    withdrawals: dict[str, CommandBase] = {
+        "route_not_ready": route("sh-1", ready=False, at=at),
+        "route_not_private": route("sh-1", private=False, at=at),
+        "reader_removed": RegisterSource(tenant="acme", source_ref="doc-a", version=3,
+                                         readers=["bob"], at=at),
+        "profile_unapproved": _small_profile(at, approved=False),
+        "provider_unapproved": _small_profile(at, approved_providers=["hostedco"]),
+        "route_incompatible": route("sh-1", compatible_profiles=["chat-large-v2"], at=at),
+        "tenant_private_only": SetNetworkPolicy(tenant="beta", network_policy="private_only", at=at),
+    }
+    return withdrawals[kind]
+
+
+# What each withdrawal is settled as: the reason code and, for the route, Select's own code.
+WITHDRAWN_AS = {"route_not_ready": ("route_withdrawn", "route_not_ready"),
+                "route_not_private": ("route_withdrawn", "private_route_required"),
+                "reader_removed": ("source_forbidden", None),
+                "profile_unapproved": ("route_withdrawn", "profile_untrusted"),
+                "provider_unapproved": ("route_withdrawn", "provider_not_approved"),
+                "route_incompatible": ("route_withdrawn", "no_compatible_route"),
+                "tenant_private_only": ("route_withdrawn", "private_route_required")}
+
+
+@pytest.mark.parametrize("resumed_by", ["reconcile", "redelivery"])
+@pytest.mark.parametrize("withdrawal", sorted(WITHDRAWN_AS))
+def test_a_reservation_resumed_within_its_lease_is_re_authorised_just_before_its_call(
+        gateway: GatewayDriver, withdrawal: str, resumed_by: str) -> None:
+    """Whatever Authorise and Select granted at reservation (the caller's evidence, the route's
+    approval, its provider's and profile's, the tenant's network policy) is granted again before
+    the call, whether `reconcile` or the job delivered again resumes it."""
+    at = datetime.now(UTC)
+    principal = "alice"
+    if withdrawal == "tenant_private_only":  # beta's request, reserved on the hosted route
+        principal = "carol"
+        gateway.run(route("sh-1", ready=False, at=at))
+    request = dispatch(principal, "late", at=at)
+    store = gateway.store
+    ids = accept(store, [request])
+    (accepted,) = store.events_for_command(request.command_id)
+    decide_batch(store, [Prepared(request.command_id, accepted, request)], PolicyBook())
+    reserved = gateway.operation(request.tenant, "late")
+    assert reserved is not None and reserved["state"] == "reserved"
+    assert reserved["route_id"] == ("hc-1" if principal == "carol" else "sh-1")
+    gateway.run(_withdrawal(withdrawal, at + timedelta(seconds=1)))
+
+    if resumed_by == "reconcile":
+        reconcile(Settings.from_env(), store)
+    else:
+        decide(store, ids)
+
+    assert gateway.calls(key="late") == 0
+    operation = gateway.operation(request.tenant, "late")
+    assert operation is not None and operation["state"] == "failed"
+    settled = store.read_stream(gw.operation_stream(request.tenant, "late"))[-1].data["reasons"][0]
+    assert (settled["code"], settled["facts"].get("select_code")) == WITHDRAWN_AS[withdrawal]
+    assert operation["outcome_code"] == settled["code"]
     assert gateway.budget()["reserved_units"] == 0

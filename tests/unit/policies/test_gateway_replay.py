@@ -75,6 +75,14 @@ def test_each_recorded_state_replays_as_its_typed_outcome() -> None:
     assert outcome(dispatching) is ReplayOutcome.IN_PROGRESS
 
 
+def test_a_failed_operation_no_provider_refused_replays_as_not_processed() -> None:
+    failed = replace(STORED, state=OperationState.FAILED)
+    assert outcome(replace(failed, outcome_code="provider_refused")) is ReplayOutcome.PROVIDER_REFUSED
+    assert outcome(replace(failed, outcome_code="not_processed")) is ReplayOutcome.NOT_PROCESSED
+    never_sent = replace(failed, outcome_code="reservation_expired", dispatch_count=0)
+    assert outcome(never_sent) is ReplayOutcome.NOT_PROCESSED
+
+
 def test_a_dispatching_operation_past_its_lease_is_reported_unknown_at_the_boundary() -> None:
     dispatching = replace(STORED, state=OperationState.DISPATCHING, outcome_code=None)
     assert outcome(dispatching, elapsed=LEASE - 0.001) is ReplayOutcome.IN_PROGRESS
