@@ -21,7 +21,11 @@ _STORED_TYPES = frozenset((str, int, type(None)))
 
 @dataclass(frozen=True)
 class ChainReport:
-    """`ok` when every row chains; otherwise the first bad position and what is wrong there."""
+    """`ok` when every row chains; otherwise the first bad position and what is wrong there.
+
+    `head_hash` is the hash the head row claims: kept outside the database with its position,
+    it is an anchor a later verification holds the log to (`verify_chain`'s `anchor`).
+    """
 
     ok: bool
     events_checked: int
@@ -29,10 +33,26 @@ class ChainReport:
     first_bad_position: int | None = None
     problem: str | None = None
     detail: str | None = None
+    head_hash: str | None = None
 
 
-def verify_chain(rows: Iterable[dict[str, Any]], head: tuple[int, str]) -> ChainReport:
+def parse_anchor(text: str) -> tuple[int, str]:
+    """`POSITION:HASH` as printed by `fleetctl verify` (`head`); ValueError naming the problem."""
+    position, _, digest = text.strip().partition(":")
+    if not position.isdecimal() or int(position) < 1:
+        raise ValueError(f"anchor {text!r}: expected POSITION:HASH with a position of 1 or more")
+    if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise ValueError(f"anchor {text!r}: the hash must be 64 lowercase hexadecimal digits")
+    return int(position), digest
+
+
+def verify_chain(rows: Iterable[dict[str, Any]], head: tuple[int, str],
+                 anchor: tuple[int, str] | None = None) -> ChainReport:
     """Check positions run 1, 2, 3… without gaps, each row's hash and its link to the previous.
+
+    With an `anchor` (a position and the hash its row had, kept outside the database), the row
+    there must still carry that hash (`anchor_mismatch`): the chain then proves every row up to
+    it unedited, even by someone who rewrote the rest of the chain, its checkpoints and head.
 
     Checkpoint rows must carry the log size before them and the Merkle root of every event
     hash since the previous checkpoint (`checkpoint_mismatch` otherwise).
@@ -44,42 +64,50 @@ def verify_chain(rows: Iterable[dict[str, Any]], head: tuple[int, str]) -> Chain
     """
     expected_position, prev_hash, checked = 1, GENESIS_HASH, 0
     leaves: list[str] = []
+
+    def broken(position: int, problem: str, detail: str) -> ChainReport:
+        return ChainReport(False, checked, head[0], position, problem, detail, head[1])
+
     for row in rows:
         position = row["position"]
         if position != expected_position:
             before = type(position) is int and position < expected_position
-            return ChainReport(False, checked, head[0], position if before else expected_position,
-                               "position_gap",
-                               f"expected position {expected_position}, found {position}")
+            return broken(position if before else expected_position, "position_gap",
+                          f"expected position {expected_position}, found {position}")
         if row["prev_hash"] != prev_hash:
-            return ChainReport(False, checked, head[0], position, "broken_link",
-                               "prev_hash does not match the previous row's hash")
+            return broken(position, "broken_link", "prev_hash does not match the previous row's hash")
         header = header_of(row)
         misstored = _misstored_field(header, row["data"])
         if misstored is not None:
-            return ChainReport(False, checked, head[0], position, "hash_mismatch", misstored)
+            return broken(position, "hash_mismatch", misstored)
         recomputed = chain_hash(prev_hash, header, row["data"])
         if recomputed != row["hash"]:
-            return ChainReport(False, checked, head[0], position, "hash_mismatch",
-                               "the row's content does not match its hash")
+            return broken(position, "hash_mismatch", "the row's content does not match its hash")
         if row["event_type"] == CHECKPOINT_EVENT and row["stream_id"] == CHECKPOINT_STREAM:
             claim = json.loads(row["data"])
             if claim.get("log_size") != position - 1 or claim.get("merkle_root") != merkle_root(leaves):
-                return ChainReport(False, checked, head[0], position, "checkpoint_mismatch",
-                                   "the checkpoint's size or Merkle root disagrees with the log")
+                return broken(position, "checkpoint_mismatch",
+                              "the checkpoint's size or Merkle root disagrees with the log")
             leaves = []
         else:
             leaves.append(row["hash"])
+        if anchor is not None and position == anchor[0] and row["hash"] != anchor[1]:
+            return broken(position, "anchor_mismatch",
+                          "the row's hash differs from the anchor kept for it: the log up to "
+                          "here was rewritten")
         prev_hash = row["hash"]
         expected_position += 1
         checked += 1
     last_position = expected_position - 1
     if (last_position, prev_hash) != head:
         # The first row missing from the end, or the first past the head.
-        return ChainReport(False, checked, head[0], min(last_position, head[0]) + 1,
-                           "head_mismatch",
-                           f"the log ends at {last_position} but its head says {head[0]}")
-    return ChainReport(True, checked, head[0])
+        return broken(min(last_position, head[0]) + 1, "head_mismatch",
+                      f"the log ends at {last_position} but its head says {head[0]}")
+    if anchor is not None and last_position < anchor[0]:
+        return broken(last_position + 1, "anchor_mismatch",
+                      f"the log ends at {last_position}, before the anchor's position {anchor[0]}: "
+                      "rows were removed")
+    return ChainReport(True, checked, head[0], head_hash=head[1])
 
 
 def _misstored_field(header: dict[str, Any], data: Any) -> str | None:
@@ -91,13 +119,14 @@ def _misstored_field(header: dict[str, Any], data: Any) -> str | None:
     return None
 
 
-def verify_log(store: EventStore) -> ChainReport:
+def verify_log(store: EventStore, anchor: tuple[int, str] | None = None) -> ChainReport:
     """Verify the stored log as one commit left it (`EventStore.snapshot`): every row, whatever
     its position, against the head read with them, so that rows appended meanwhile are neither
-    a false break nor a place for a forged row (at 0 or below, or past the head) to hide."""
+    a false break nor a place for a forged row (at 0 or below, or past the head) to hide; and
+    against `anchor` if given (see `verify_chain`)."""
     with store.snapshot() as connection:
         try:
             head = store.head(connection)
         except NoResultFound:  # the head row deleted: tampering, not a database failure
             return ChainReport(False, 0, 0, 0, "head_mismatch", "the log's head row is missing")
-        return verify_chain(store.read_stored(connection), head)
+        return verify_chain(store.read_stored(connection), head, anchor)

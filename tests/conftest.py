@@ -46,7 +46,10 @@ def reset_postgres(url: str) -> None:
     engine = create_engine(url)
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE events, projections"))
-        conn.execute(text("UPDATE log_head SET position = 0, hash = :h"), {"h": "0" * 64})
+        # Deleted and written again: a test may have deleted the head row itself.
+        conn.execute(text("DELETE FROM log_head"))
+        conn.execute(text("INSERT INTO log_head (id, position, hash) VALUES (1, 0, :h)"),
+                     {"h": "0" * 64})
     engine.dispose()
 
 

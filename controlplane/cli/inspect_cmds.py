@@ -9,10 +9,11 @@ import click
 from controlplane.cli.context import settings_and_store
 from controlplane.cli.output import emit, table
 from controlplane.cli.status_view import render_status
+from controlplane.errors import InputError
 from controlplane.explain import explain_id
 from controlplane.replay import state_at
 from events.projections import load_all
-from events.verify import verify_log
+from events.verify import parse_anchor, verify_log
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 # Positions are stored as 64-bit signed integers; a larger one is refused as bad input.
@@ -98,12 +99,26 @@ def _render_explanation(report: dict[str, Any]) -> str:
 
 
 @click.command()
+@click.option("--anchor", default=None, metavar="POSITION:HASH",
+              help="A head printed by an earlier verify, kept outside the database: the row at "
+                   "POSITION must still carry HASH.")
 @json_option
-def verify(as_json: bool) -> int:
-    """Verify the hash chain; exit 1 and name the first bad position if it is broken."""
+def verify(anchor: str | None, as_json: bool) -> int:
+    """Verify the hash chain; exit 1 and name the first bad position if it is broken.
+
+    Prints the head as POSITION:HASH: keep it outside the database and pass it back with
+    --anchor, and a rewrite of the log up to it is found even if the whole chain was redone.
+    """
+    try:
+        anchored = parse_anchor(anchor) if anchor is not None else None
+    except ValueError as error:
+        raise InputError(str(error)) from None
     _, store = settings_and_store()
-    report = verify_log(store)
-    emit(report.__dict__, as_json,
-         lambda r: f"chain intact: {r['events_checked']} events verified" if r["ok"] else
+    report = verify_log(store, anchored)
+    emit({**report.__dict__, "head": f"{report.head_position}:{report.head_hash}"
+          if report.head_hash else None, "anchor": anchor}, as_json,
+         lambda r: (f"chain intact: {r['events_checked']} events verified; head {r['head']}"
+                    + (f" (anchored at {r['anchor'].split(':')[0]})" if r["anchor"] else ""))
+         if r["ok"] else
          f"chain BROKEN at position {r['first_bad_position']}: {r['problem']} ({r['detail']})")
     return 0 if report.ok else 1

@@ -278,3 +278,53 @@ def test_a_deleted_head_row_is_reported_as_tampering(store: EventStore) -> None:
     assert (result.ok, result.first_bad_position, result.problem) == (False, 0, "head_mismatch")
     cli = run_cli("verify")
     assert cli.exit_code == 1 and "head_mismatch" in cli.output
+
+
+def rewrite_from(store: EventStore, position: int) -> None:
+    """Edit the row at `position` and redo the chain after it and the head, as whoever can
+    write every row could: the chain alone then verifies."""
+    from events.canonical import chain_hash
+    from events.rows import header_of
+
+    rows = list(store.read_all(raw=True))
+    rows[position - 1]["data"] = rows[position - 1]["data"].replace('"n":', '"n":1000')
+    prev = rows[position - 2]["hash"]
+    with store.engine.begin() as conn:
+        for row in rows[position - 1:]:
+            row["hash"] = chain_hash(prev, header_of(row), row["data"])
+            conn.execute(text("UPDATE events SET data = :d, prev_hash = :p, hash = :h "
+                              "WHERE position = :pos"),
+                         {"d": row["data"], "p": prev, "h": row["hash"], "pos": row["position"]})
+            prev = row["hash"]
+        conn.execute(text("UPDATE log_head SET hash = :h"), {"h": prev})
+
+
+def test_a_head_kept_outside_the_database_catches_a_rewrite_the_chain_alone_cannot(
+        store: EventStore) -> None:
+    seeded(store)
+    kept = json.loads(run_cli("verify", "--json").output)["head"]
+    assert kept == f"10:{store.head()[1]}"
+    assert run_cli("verify", "--anchor", kept).exit_code == 0
+    store.append([StreamAppend("s/1", 10, [event("e10", {"n": 10})])])  # the log grows on
+    assert run_cli("verify", "--anchor", kept).exit_code == 0
+
+    rewrite_from(store, 3)
+    assert report(store).ok  # the chain and head agree again: only the anchor can tell
+    result = verify_log(store, (10, kept.split(":")[1]))
+    assert (result.ok, result.problem, result.first_bad_position) == (False, "anchor_mismatch", 10)
+    cli = run_cli("verify", "--anchor", kept)
+    assert cli.exit_code == 1 and "anchor_mismatch" in cli.output
+
+
+def test_an_anchor_past_the_end_of_the_log_says_rows_were_removed(store: EventStore) -> None:
+    seeded(store)
+    result = verify_log(store, (12, "0" * 64))
+    assert (result.ok, result.problem, result.first_bad_position) == (False, "anchor_mismatch", 11)
+
+
+@pytest.mark.parametrize("anchor", ["10", "0:" + "a" * 64, "x:" + "a" * 64, "10:abc",
+                                    "10:" + "A" * 64])
+def test_a_malformed_anchor_is_refused_naming_it(store: EventStore, anchor: str) -> None:
+    seeded(store)
+    cli = run_cli("verify", "--anchor", anchor)
+    assert cli.exit_code == 2 and "anchor" in cli.stderr and "Traceback" not in cli.stderr
