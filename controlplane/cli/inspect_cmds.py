@@ -88,6 +88,23 @@ def explain(identifier: str, as_json: bool) -> None:
     emit(explanation, as_json, _render_explanation)
 
 
+MAX_ALTERNATIVES = 10
+
+
+def _ruled_out(facts: dict[str, Any]) -> list[str]:
+    """Each alternative a reason's facts say was ruled out, and by what: a placement's failure
+    domains (nodes, racks) and a gateway selection's routes."""
+    ruled: list[str] = []
+    for domain in facts.get("domains") or []:
+        if isinstance(domain, dict) and domain.get("failed") not in (None, "eligible"):
+            ruled.append(f"{domain.get('domain')}: {domain['failed']} ({domain.get('gpus')} GPUs, "
+                         f"{domain.get('eligible_gpus')} eligible)")
+    rulings = facts.get("rulings")
+    if isinstance(rulings, dict):
+        ruled += [f"{route}: {ruling}" for route, ruling in rulings.items() if ruling != "eligible"]
+    return ruled
+
+
 def _render_explanation(report: dict[str, Any]) -> str:
     lines = []
     for step in report["chain"]:
@@ -95,6 +112,10 @@ def _render_explanation(report: dict[str, Any]) -> str:
                      + (f": {step['outcome']}" if step.get("outcome") else ""))
         for reason in step.get("reasons", []):
             lines.append(f"    {reason['code']}: {reason['message']}")
+            ruled = _ruled_out(reason.get("facts") or {})
+            lines += [f"      ruled out {line}" for line in ruled[:MAX_ALTERNATIVES]]
+            if len(ruled) > MAX_ALTERNATIVES:
+                lines.append(f"      ... and {len(ruled) - MAX_ALTERNATIVES} more (--json has all)")
     return "\n".join(lines)
 
 

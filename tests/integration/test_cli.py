@@ -385,3 +385,18 @@ def test_replay_verify_passes_a_drift_made_under_older_rules_and_fails_one_under
         assert result.exit_code == 1
         assert "older rules" not in result.output and "1 would differ" in result.output
     assert run_cli("replay", "--verify").exit_code == 0
+
+
+def test_explain_text_names_each_node_a_refused_placement_ruled_out_and_why(
+        tmp_path: Path, embedded: str) -> None:
+    """DESIGN: for a refusal, why each alternative was ruled out; not only in --json."""
+    from tests.factories import place_replica, register_model, register_node
+
+    source = write_lines(tmp_path / "cmds.jsonl", register_node("n1", gpus=4),
+                         register_node("n2", gpus=2, rack="rack-1"), register_model(),
+                         place_replica("r1", tp=8))
+    assert run_cli("submit", str(source)).exit_code == 0
+    result = run_cli("explain", "place-r1")
+    assert result.exit_code == 0
+    assert "ruled out node:n1: locality (4 GPUs, 4 eligible)" in result.output
+    assert "ruled out node:n2: locality (2 GPUs, 2 eligible)" in result.output

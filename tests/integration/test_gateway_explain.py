@@ -145,3 +145,16 @@ def test_fleetctl_explain_of_an_operation_shows_its_steps_evidence_and_budget(
     assert report["operation"]["idempotency_key"] == "kop"
     assert [s["event_type"] for s in report["chain"]][:2] == ["OperationReserved",
                                                              "OperationDispatching"]
+
+
+def test_explain_text_names_each_route_ruled_out_and_by_what(gateway: GatewayDriver) -> None:
+    gateway.run(route("sh-1", ready=False))
+    gateway.send(dispatch("alice", "kr"))
+    denied = gateway.store.read_stream("operation/acme/kr")[-1]
+    result = run_cli("explain", denied.event_id)
+    assert result.exit_code == 0, result.stderr
+    rulings = next(r["facts"]["rulings"] for r in denied.data["reasons"] if "rulings" in r["facts"])
+    ruled_out = {route_id: code for route_id, code in rulings.items() if code != "eligible"}
+    assert ruled_out.get("sh-1") == "route_not_ready"
+    for route_id, code in ruled_out.items():
+        assert f"ruled out {route_id}: {code}" in result.output
