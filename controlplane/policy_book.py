@@ -116,39 +116,77 @@ class PolicyInForce:
         return {"name": self.name, "version": self.version, "parameters": self.parameters}
 
 
-def validate_parameters(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
-    """Validate parameters for policy `name`, filling defaults; raises InputError naming fields."""
+def _model(name: str) -> type[BaseModel]:
     model = POLICY_MODELS.get(name)
     if model is None:
         raise InputError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICY_MODELS))}")
+    return model
+
+
+def _problems(name: str, errors: list[Any]) -> str:
+    return "; ".join(f"{name}{''.join('.' + str(p) for p in item['loc'])}: {item['msg']}"
+                     for item in errors)
+
+
+def validate_parameters(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """Validate parameters for policy `name`, filling defaults; raises InputError naming fields."""
     try:
-        return model.model_validate(parameters).model_dump(mode="json")
+        return _model(name).model_validate(parameters).model_dump(mode="json")
     except ValidationError as error:
-        problems = "; ".join(
-            f"{name}.{'.'.join(str(p) for p in item['loc'])}: {item['msg']}"
-            for item in error.errors())
-        raise InputError(f"invalid policy parameters: {problems}") from None
+        raise InputError(f"invalid policy parameters: {_problems(name, error.errors())}") from None
+
+
+def validate_overrides(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """A what-if's parameters for policy `name`: only those given, each checked as a field of
+    the policy (InputError naming it otherwise). Rules across fields (`min_replicas` <=
+    `max_replicas`) are checked once they are merged onto the parameters in force
+    (`PolicyBook.in_force`), which they may depend on."""
+    try:
+        dumped = _model(name).model_validate({**orjson.loads(_defaults(name)), **given}) \
+            .model_dump(mode="json")
+    except ValidationError as error:
+        fields = [item for item in error.errors() if item["loc"]]
+        if fields:
+            raise InputError(f"invalid policy parameters: {_problems(name, fields)}") from None
+        return dict(given)  # every field valid as given; only a rule across fields failed
+    return {key: dumped[key] for key in given}
 
 
 class PolicyBook:
-    """Resolves the policy in force from state; what-if overrides replace it wholesale."""
+    """Resolves the policy in force from state. A what-if (`overrides`) changes only the
+    parameters it names: each decision sees the version in force then with those replaced."""
 
     def __init__(self, overrides: dict[str, dict[str, Any]] | None = None) -> None:
         self.overrides = overrides or {}
+        self._merged: dict[tuple[str, int], bytes] = {}
 
     def after_set(self, name: str, version: int, parameters: dict[str, Any]) -> PolicyInForce:
         """What `in_force` will resolve once version `version` of `name` is recorded."""
         if name in self.overrides:
-            return PolicyInForce(name, "what-if", self.overrides[name])
+            return self._what_if(name, version, parameters)
         return PolicyInForce(name, version, parameters)
 
     def in_force(self, state: StateView, name: str) -> PolicyInForce:
-        if name in self.overrides:
-            return PolicyInForce(name, "what-if", self.overrides[name])
         recorded = state.get(POLICY_PROJECTION, name)
+        if name in self.overrides:
+            return self._what_if(name, recorded["version"] if recorded else 0,
+                                 recorded["parameters"] if recorded else orjson.loads(_defaults(name)))
         if recorded is not None:
             return PolicyInForce(name, recorded["version"], recorded["parameters"])
         return PolicyInForce(name, 0, orjson.loads(_defaults(name)))
+
+    def _what_if(self, name: str, version: int, parameters: dict[str, Any]) -> PolicyInForce:
+        """Version `version`'s parameters with the what-if's replacing those it names; an
+        InputError when together they break a rule of the policy (naming the version)."""
+        key = (name, version)
+        if key not in self._merged:
+            try:
+                merged = validate_parameters(name, {**parameters, **self.overrides[name]})
+            except InputError as error:
+                raise InputError(f"the what-if's {name} parameters do not fit version {version} "
+                                 f"in force in the log: {error}") from None
+            self._merged[key] = orjson.dumps(merged)
+        return PolicyInForce(name, "what-if", orjson.loads(self._merged[key]))
 
 
 @cache
@@ -187,5 +225,5 @@ def load_overrides(path: Path) -> dict[str, dict[str, Any]]:
             from None
     if not isinstance(raw, dict):
         raise InputError(f"policy file {path} must hold an object of policy name -> parameters")
-    return {name: validate_parameters(name, params if isinstance(params, dict) else {"": params})
+    return {name: validate_overrides(name, params if isinstance(params, dict) else {"": params})
             for name, params in raw.items()}

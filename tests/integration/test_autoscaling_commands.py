@@ -12,7 +12,7 @@ from redis import Redis
 
 from controlplane import handlers
 from controlplane.commands import command_adapter
-from controlplane.errors import SubmissionRejected
+from controlplane.errors import InputError, SubmissionRejected
 from controlplane.handlers import autoscaling
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import state_at, verify_decisions
@@ -133,9 +133,8 @@ def test_a_scale_up_inside_the_cooldown_holds_and_what_if_a_shorter_cooldown_wou
     assert held.data["reasons"][0]["code"] == "scale_up_inside_cooldown"
     assert held.data["causes"] == [decision(store, "load-1").event_id]  # the change it waits on
     policy_file = tmp_path / "policy.json"
-    policy_file.write_text(json.dumps({"autoscaling": {
-        "service_tokens_per_second_per_replica": SERVICE, "target_utilization": 1.0,
-        "scale_up_cooldown_seconds": 10.0}}))
+    # Only the cooldown changes: the recorded service rate and utilisation stay in force.
+    policy_file.write_text(json.dumps({"autoscaling": {"scale_up_cooldown_seconds": 10.0}}))
     report = verify_decisions(store, PolicyBook(load_overrides(policy_file)))
     assert [d.command_id for d in report.drifts] == ["load-2"]
     drift = report.drifts[0]
@@ -343,3 +342,17 @@ def test_a_scale_down_recorded_under_the_previous_rules_drifts_as_an_upgrade_not
             for d in report.drifts] == [("low-301", 2, 3, True)]
     assert report.drifts[0].rederived["outcome"] == "hold"
     assert report.unexplained == []
+
+
+def test_a_what_if_that_breaks_a_rule_with_the_recorded_parameters_is_refused_naming_the_version(
+        store: EventStore, tmp_path: Path) -> None:
+    """`min_replicas` 12 is a valid field, but above the recorded `max_replicas` (10) it breaks
+    the policy's rule: the what-if is refused (exit 2), naming the version, not decided."""
+    run(store, *fleet("r1", max_replicas=10), observe("load-1", 10, arrival=150.0))
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"autoscaling": {"min_replicas": 12}}))
+    with pytest.raises(InputError, match="do not fit version 1 .*max_replicas may not be below"):
+        verify_decisions(store, PolicyBook(load_overrides(policy_file)))
+    policy_file.write_text(json.dumps({"autoscaling": {"min_replicas": 9}}))
+    report = verify_decisions(store, PolicyBook(load_overrides(policy_file)))
+    assert report.drifts[0].rederived["result"]["target_replicas"] == 9
