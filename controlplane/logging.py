@@ -11,7 +11,11 @@ from typing import Any
 import orjson
 import structlog
 
+from controlplane.errors import InputError
+
 _JSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+# The standard names, in any case; anything else is refused rather than read as WARNING.
+LOG_LEVEL_NAMES = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def json_line(event: Any, **_: Any) -> str:
@@ -31,10 +35,25 @@ def json_line(event: Any, **_: Any) -> str:
         return json.dumps(event, default=repr)
 
 
+def log_level_number(name: str, source: str) -> int:
+    """The numeric level of a standard level name (any case); InputError naming `source` and
+    the valid names otherwise."""
+    if name.upper() not in LOG_LEVEL_NAMES:
+        raise InputError(f"{source} must be one of {', '.join(LOG_LEVEL_NAMES)} (any case), "
+                         f"got {name[:40]!r}")
+    return logging.getLevelNamesMapping()[name.upper()]
+
+
 def configure_logging(level: str | None = None) -> None:
-    """Route every log line to stderr; results alone go to stdout."""
-    level_name = (level or os.environ.get("FLEET_LOG_LEVEL") or "WARNING").upper()
-    numeric = logging.getLevelNamesMapping().get(level_name, logging.WARNING)
+    """Route every log line to stderr; results alone go to stdout. `level` (else
+    FLEET_LOG_LEVEL, else WARNING) must be a standard level name: InputError otherwise."""
+    from_env = os.environ.get("FLEET_LOG_LEVEL")
+    if level is not None:
+        numeric = log_level_number(level, "the log level")
+    elif from_env:
+        numeric = log_level_number(from_env, "FLEET_LOG_LEVEL")
+    else:
+        numeric = logging.WARNING
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=True) if sys.stderr.isatty()
         else structlog.processors.JSONRenderer(serializer=json_line))

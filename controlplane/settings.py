@@ -16,6 +16,9 @@ COMMAND_QUEUE = "fleet-commands"
 MAX_BATCH_SIZE = 10_000
 # RQ turns the timeout into a Redis expiry; past about a week a job is lost, not slow.
 MAX_JOB_TIMEOUT_SECONDS = 7 * 24 * 3_600
+# Worker processes one `fleetctl worker` or `fleetctl up` starts: decisions serialise on the
+# append lock, so past a machine's cores more processes add contention, not throughput.
+MAX_WORKER_PROCESSES = 64
 
 
 def _positive_int(name: str, default: int, maximum: int) -> int:

@@ -12,18 +12,19 @@ from sqlalchemy.exc import SQLAlchemyError
 from controlplane.cli.demo import demo
 from controlplane.cli.fit import fit
 from controlplane.cli.inspect_cmds import explain, log_command, status, verify
-from controlplane.cli.output import fail
+from controlplane.cli.output import fail, one_line
 from controlplane.cli.plan import plan
 from controlplane.cli.queue_cmds import init, reconcile, submit, up, worker
 from controlplane.cli.replay_cmd import replay
 from controlplane.cli.simulate import simulate
 from controlplane.errors import FleetError, SubmissionRejected
-from controlplane.logging import configure_logging
+from controlplane.logging import LOG_LEVEL_NAMES, configure_logging
 from controlplane.runtime import collect_garbage_less_often
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--log-level", default=None, help="Log level for stderr (default WARNING).")
+@click.option("--log-level", type=click.Choice(LOG_LEVEL_NAMES, case_sensitive=False),
+              default=None, help="Log level for stderr (default FLEET_LOG_LEVEL, else WARNING).")
 def cli(log_level: str | None) -> None:
     """Fleet control plane for LLM inference: decide, record, replay, explain."""
     configure_logging(log_level)
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(error.exit_code)
     except SubmissionRejected as error:
         for problem in error.problems:
-            click.echo(str(problem), err=True)
+            click.echo(one_line(str(problem)), err=True)
         fail(str(error))
         sys.exit(error.exit_code)
     except FleetError as error:

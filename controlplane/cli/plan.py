@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from controlplane.cli.context import settings_and_store
+from controlplane.cli.context import WAIT_SECONDS, settings_and_store
 from controlplane.cli.files import check_writable, read_at_most
 from controlplane.cli.output import table
 from controlplane.commands.plan import MAX_SCENARIO_BYTES, PlanFleet
@@ -113,7 +113,7 @@ def _summary(report: dict[str, Any], events: list[RecordedEvent], output: str) -
 @click.argument("scenario_path", metavar="SCENARIO.json")
 @click.option("--output", default="fleet-plan.json", show_default=True,
               help="Where to write the plan JSON.")
-@click.option("--timeout", "timeout_seconds", default=60.0, show_default=True,
+@click.option("--timeout", "timeout_seconds", type=WAIT_SECONDS, default=60.0, show_default=True,
               help="Seconds to wait for the workers' decisions before giving up (exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan JSON instead of a summary.")
 @click.pass_context

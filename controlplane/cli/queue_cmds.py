@@ -11,13 +11,13 @@ from typing import Any
 
 import click
 
-from controlplane.cli.context import settings_and_store
+from controlplane.cli.context import WAIT_SECONDS, settings_and_store
 from controlplane.cli.files import read_at_most
 from controlplane.cli.output import announce, emit, fail
 from controlplane.commands import CommandBase
 from controlplane.errors import InputError, OperationalError
 from controlplane.service import Outcome
-from controlplane.settings import Settings, redacted_url
+from controlplane.settings import MAX_WORKER_PROCESSES, Settings, redacted_url
 from controlplane.submission import MAX_SUBMISSION_BYTES, read_submission
 from events.database import migrate
 from events.store import EventStore
@@ -75,8 +75,8 @@ def _render_outcomes(outcomes: list[Outcome]) -> str:
 @click.command()
 @click.argument("source")
 @click.option("--wait", is_flag=True, help="Wait for the decisions and print them.")
-@click.option("--timeout", "timeout_seconds", default=60.0, show_default=True,
-              help="Seconds --wait waits before giving up (exit 3).")
+@click.option("--timeout", "timeout_seconds", type=WAIT_SECONDS, default=60.0,
+              show_default=True, help="Seconds --wait waits before giving up (exit 3).")
 @json_option
 @click.pass_context
 def submit(ctx: click.Context, source: str, wait: bool, timeout_seconds: float,
@@ -116,8 +116,10 @@ def _submit(commands: list[CommandBase], lines: list[int], settings: Settings,
 
 @click.command()
 @click.option("--burst", is_flag=True, help="Stop when the queues are empty.")
-@click.option("--queues", "queue_names", multiple=True, help="Queues to serve (repeatable).")
-@click.option("--processes", default=1, show_default=True, help="Worker processes to run.")
+@click.option("--queues", "queue_names", multiple=True,
+              help="Queues to serve (repeatable; default FLEET_QUEUE, else fleet-commands).")
+@click.option("--processes", type=click.IntRange(min=1, max=MAX_WORKER_PROCESSES), default=1,
+              show_default=True, help="Worker processes to run.")
 @json_option
 def worker(burst: bool, queue_names: tuple[str, ...], processes: int, as_json: bool) -> None:
     """Run forking RQ workers on FLEET_REDIS_URL (embedded: drain in-process, then stop)."""
@@ -155,8 +157,9 @@ def worker(burst: bool, queue_names: tuple[str, ...], processes: int, as_json: b
 @click.command()
 @click.option("--port", type=click.IntRange(min=0, max=65_535), default=0,
               help="Loopback port for the embedded Redis (0: any free).")
-@click.option("--workers", "worker_count", default=2, show_default=True,
-              help="Forking worker processes to run.")
+@click.option("--workers", "worker_count", type=click.IntRange(min=0, max=MAX_WORKER_PROCESSES),
+              default=2, show_default=True,
+              help="Forking worker processes to run (0: serve the Redis only).")
 @json_option
 def up(port: int, worker_count: int, as_json: bool) -> None:
     """Serve the embedded fake Redis on a loopback port plus workers, until interrupted."""

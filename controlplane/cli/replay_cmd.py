@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from controlplane.cli.context import settings_and_store
-from controlplane.cli.output import emit
+from controlplane.cli.output import emit, progress
 from controlplane.cli.status_view import render_status
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import compare_with_live, rebuild_live, state_at, verify_decisions
@@ -76,7 +76,11 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
         failed = bool(report["projection_differences"])
     if verify_ or policy_file:
         policies = PolicyBook(overrides)
-        result = verify_decisions(store, policies, to_position)
+        # Events read, out of the events there are to read: the log up to the cut, or its head.
+        total = to_position if to_position is not None else store.head()[0]
+        with progress("what-if: events read" if policy_file else "verify: events read",
+                      total) as report_progress:
+            result = verify_decisions(store, policies, to_position, report_progress)
         report.update(decisions_checked=result.decisions_checked,
                       decisions_unchecked=result.decisions_unchecked, what_if=bool(policy_file),
                       drifts=[d.as_dict() for d in result.drifts],

@@ -6,16 +6,13 @@ Exit 0 when the run completes; 2 for a bad trace (file and line named), option o
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
 from controlplane.cli.files import check_writable
-from controlplane.cli.output import emit
+from controlplane.cli.output import emit, progress
 from controlplane.errors import InputError
 from controlplane.runtime import open_store
 from controlplane.settings import redacted_url
@@ -25,8 +22,6 @@ from controlplane.simulation.report import build_report, render
 from controlplane.simulation.routing import Routing
 from controlplane.simulation.run import Simulation
 from controlplane.simulation.traces import read_trace
-
-ProgressCallback = Callable[[int, int], None]
 
 
 def _log_url(log: str, overwrite: bool) -> str:
@@ -43,24 +38,6 @@ def _log_url(log: str, overwrite: bool) -> str:
         for stale in (path, Path(f"{log}-wal"), Path(f"{log}-shm")):
             stale.unlink(missing_ok=True)
     return f"sqlite:///{path}"
-
-
-@contextmanager
-def _progress(enabled: bool) -> Iterator[ProgressCallback | None]:
-    """A progress bar on stderr when it is a terminal; nothing otherwise."""
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-    with Progress("simulating", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("requests", total=None)
-
-        def update(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-        yield update
 
 
 @click.command("simulate")
@@ -115,9 +92,9 @@ def simulate(trace: Path, limit: int | None, routing: str, replicas: int, min_re
     if store.head()[0] != 0:
         raise InputError(f"--log {redacted_url(log)} already holds events; a simulation needs an "
                          "empty log")
-    with _progress(sys.stderr.isatty()) as progress:
+    with progress("simulating") as report_progress:
         started = time.perf_counter()
-        run = Simulation(requests, config, store, progress).run()
+        run = Simulation(requests, config, store, report_progress).run()
         wall_seconds = time.perf_counter() - started
     report = build_report(run, wall_seconds, url, None if no_chart else str(chart_path))
     if not no_chart:
