@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictBool
+from pydantic import Field, StrictBool, model_validator
 
 from controlplane.commands.base import CommandBase, Frozen, Name
 from controlplane.policy_book import RolloutParameters
@@ -72,6 +72,15 @@ class SpeculationCostsSpec(Frozen):
 class SpeculationRoundSpec(Frozen):
     draft_tokens: Annotated[list[TokenId], Field(min_length=1, max_length=64)]
     target_tokens: Annotated[list[TokenId], Field(min_length=2, max_length=65)]
+
+    @model_validator(mode="after")
+    def _target_covers_the_bonus_position(self) -> SpeculationRoundSpec:
+        # Checkable from the round alone, so refused at submit (spec: the target covers every
+        # drafted position plus the one after it), not recorded as a rejection.
+        if len(self.target_tokens) <= len(self.draft_tokens):
+            raise ValueError("target_tokens must be longer than draft_tokens: the target covers "
+                             "every drafted position plus the one after it")
+        return self
 
 
 class SpeculationEvidence(Frozen):

@@ -14,6 +14,9 @@ from enum import StrEnum
 
 from controlplane.policies.reasons import Reason, require
 
+# The steps of work a simulation may need at most (about a few seconds of stepping).
+MAX_WORK_STEPS = 10_000_000
+
 
 class BatchMode(StrEnum):
     STATIC = "static"
@@ -77,6 +80,8 @@ def _validate(requests: Sequence[BatchRequest], capacity: int, mode: BatchMode,
             # Steps are discrete; a float (or an infinity) would never drain the loop cleanly.
             require(isinstance(value, int) and not isinstance(value, bool), "not_an_integer",
                     f"requests[{index}].{name}", f"{name} must be an integer")
+        require(isinstance(request.identifier, str), "not_a_string",
+                f"requests[{index}].identifier", "identifier must be a string")
         require(bool(request.identifier.strip()), "request_identifier_blank",
                 f"requests[{index}].identifier", "every request needs an identifier")
     identifiers = [request.identifier for request in requests]
@@ -91,6 +96,11 @@ def _validate(requests: Sequence[BatchRequest], capacity: int, mode: BatchMode,
                 f"{where}.output_tokens", "every request must emit at least one token")
         require(request.prompt_tokens >= 0, "prompt_tokens_negative", f"{where}.prompt_tokens",
                 "prompt lengths may not be negative")
+    # Idle stretches are skipped, so the loop runs at most one step per unit of work: bounded.
+    work = sum(r.output_tokens + (-(-r.prompt_tokens // prefill_tokens_per_step)
+                                  if prefill_tokens_per_step > 0 else 0) for r in requests)
+    require(work <= MAX_WORK_STEPS, "work_too_large", "requests",
+            f"the requests need up to {work} engine steps; at most {MAX_WORK_STEPS:,} are simulated")
 
 
 def _run_step(active: list[_Lane], step: int, prefill_tokens_per_step: int) -> list[_Lane]:

@@ -3,6 +3,7 @@ rung per measurement, a passing canary promotes and a regression rolls back obse
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from controlplane.explain import explain_id
 from controlplane.replay import state_at
 from events.model import RecordedEvent
 from events.store import EventStore
+from tests.cli_helpers import run_cli
 from tests.factories import place_replica, register_model, register_node
 from tests.fleet_helpers import assert_replay_exact, decision, run
 
@@ -209,3 +211,21 @@ def test_the_longest_ids_commands_accept_are_stored_on_every_database(store: Eve
     assert decision(store, measurement_id).event_type == "CanaryMeasurementRecorded"
     assert rollout(store, rollout_id)["stage"] == "shadow"
     assert_replay_exact(store)
+
+
+def test_a_speculation_round_whose_target_misses_the_bonus_position_is_refused_at_submit(
+        store: EventStore) -> None:
+    """Checkable from the command alone: refused naming the round, nothing written (it was
+    accepted, then recorded as a rejection)."""
+    run(store, *start())
+    before = store.head()[0]
+    costs = {"baseline_seconds_per_token": 0.02, "draft_seconds_per_token": 0.002,
+             "verification_seconds_per_round": 0.025}
+    bad = {**measure("m-spec"), "speculation": {
+        "rounds": [{"draft_tokens": [1, 2], "target_tokens": [1, 2, 3]},
+                   {"draft_tokens": [1, 2, 3], "target_tokens": [1, 2, 3]}], "costs": costs}}
+    refused = run_cli("submit", "-", input_text=json.dumps(bad))
+    assert refused.exit_code == 2
+    assert "speculation.rounds.1" in refused.stderr
+    assert "target_tokens must be longer than draft_tokens" in refused.stderr
+    assert store.head()[0] == before

@@ -179,3 +179,24 @@ def test_each_request_completes_once_and_decodes_one_token_per_step_after_its_fi
             # The prompt needs at least ceil(prompt / budget) steps of prefill work.
             prefill_steps = max(1, -(-request.prompt_tokens // budget))
             assert completion.first_token_step - completion.first_service_step >= prefill_steps
+
+
+def test_work_beyond_the_step_bound_is_refused_before_stepping() -> None:
+    """Idle stretches are skipped, so only work bounds the loop: 1e12 output tokens had run for
+    hours; the bound is checked first, naming it."""
+    from controlplane.policies.batching import MAX_WORK_STEPS
+
+    huge = [BatchRequest("a", 0, 10**12)]
+    with pytest.raises(PolicyInputError) as error:
+        simulate_batching(huge, 1, BatchMode.CONTINUOUS)
+    assert error.value.code == "work_too_large"
+    prompt_heavy = [BatchRequest("a", 0, 1, prompt_tokens=MAX_WORK_STEPS * 4)]
+    with pytest.raises(PolicyInputError):
+        simulate_batching(prompt_heavy, 1, BatchMode.CONTINUOUS, prefill_tokens_per_step=2)
+    simulate_batching([BatchRequest("a", 10**15, 3)], 1, BatchMode.STATIC)  # far arrival: cheap
+
+
+def test_a_non_string_identifier_is_refused_naming_it() -> None:
+    with pytest.raises(PolicyInputError) as error:
+        simulate_batching([BatchRequest(7, 0, 1)], 1, BatchMode.STATIC)  # type: ignore[arg-type]
+    assert (error.value.code, error.value.field) == ("not_a_string", "requests[0].identifier")
