@@ -19,7 +19,7 @@ import click
 from controlplane.cli.context import WAIT_SECONDS, settings_and_store
 from controlplane.cli.files import check_writable, read_at_most
 from controlplane.cli.output import table
-from controlplane.commands.plan import MAX_SCENARIO_BYTES, PlanFleet
+from controlplane.commands.plan import PlanFleet
 from controlplane.decisions import REJECTED
 from controlplane.errors import InputError, OperationalError
 from controlplane.policies.fleet_plan import (
@@ -28,6 +28,7 @@ from controlplane.policies.fleet_plan import (
     scenario_digest,
     scenario_from_plain,
 )
+from controlplane.policies.fleet_plan_scenario import MAX_SCENARIO_BYTES
 from controlplane.policies.reasons import PolicyInputError, to_plain
 from controlplane.settings import Settings
 from controlplane.state.plan import EVENT_STAGES, FLEET_PLAN_STARTED, plan_stream
@@ -36,7 +37,9 @@ from events.store import EventStore
 from workers.pipeline import reconcile, submit
 
 EXIT_READY, EXIT_NOT_READY = 0, 1
-# Room for indentation around the largest scenario a plan takes (MAX_SCENARIO_BYTES, compact).
+# Only a guard on what is read: the limit that counts, MAX_SCENARIO_BYTES of canonical JSON, is
+# checked on the parsed scenario (`scenario_from_plain`), since indentation, escapes and number
+# spellings make a file's size say little about it. The room is for a generously indented file.
 MAX_SCENARIO_FILE_BYTES = 16 * MAX_SCENARIO_BYTES
 
 

@@ -15,10 +15,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import field_validator
 
 from controlplane.commands.base import CommandBase, Name
-from controlplane.policies.fleet_plan_scenario import canonical_json
+from controlplane.policies.fleet_plan_scenario import MAX_SCENARIO_BYTES, canonical_json
 from controlplane.policies.fleet_plan_stages import STAGES
 
-MAX_SCENARIO_BYTES = 1_000_000
 MAX_COMMAND_ID_LENGTH = 100
 StageName = Literal["capacity", "memory", "layout", "placement", "admission", "scaling", "rollout",
                     "grade"]
@@ -42,7 +41,8 @@ class PlanFleet(CommandBase):
         except (TypeError, ValueError) as error:
             raise ValueError(f"the scenario must be finite JSON data ({error})") from None
         if size > MAX_SCENARIO_BYTES:
-            raise ValueError(f"the scenario is {size} bytes; at most {MAX_SCENARIO_BYTES}")
+            raise ValueError(f"the scenario is {size} bytes as compact JSON, over the limit of "
+                             f"{MAX_SCENARIO_BYTES} bytes")
         return value
 
     def creates(self) -> list[str]:

@@ -155,6 +155,15 @@ def _stage_streams(command: CommandBase) -> list[str]:
     return [plan_stream(command.plan_id), INBOX_STREAM]
 
 
+RULES_VERSIONS: dict[str, int] = {
+    # 2: a scenario whose evidence age overflows a float is refused (it was started).
+    "PlanFleet": 2,
+    # 2: the capacity stage records each violation once among its reasons (it listed them
+    #    twice); a figure overflowing a float (scaling's ready capacity, times, queued tokens,
+    #    an evidence age) refuses the stage naming the scenario field (it failed as
+    #    `decision_failed`); the layout stage refuses gpus_per_node above 1,024.
+    "DecidePlanStage": 2,
+}
 HANDLERS: dict[str, Handler] = {
     "PlanFleet": handle_plan_fleet,
     "DecidePlanStage": handle_decide_plan_stage,

@@ -76,6 +76,14 @@ def _count(value: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _product(*factors: float) -> float:
+    """The factors' product as a float; infinity when it, or an integer factor, overflows."""
+    try:
+        return math.prod(float(factor) for factor in factors)
+    except OverflowError:
+        return math.inf
+
+
 def _validate(observations: Sequence[ScaleObservation], state: ScaleState,
               policy: AutoscalingPolicy, now: float) -> None:
     require(len(observations) > 0, "no_observations", "observations",
@@ -122,6 +130,19 @@ def _validate(observations: Sequence[ScaleObservation], state: ScaleState,
                 and observation.arrival_tokens_per_second >= 0,
                 "observation_demand_negative", "arrival_tokens_per_second",
                 "observed demand must be finite and non-negative")
+        require(_finite(_product(observation.queued_tokens)), "queued_tokens_out_of_range",
+                "queued_tokens", "queued_tokens is out of numeric range")
+    # Each input is in range, yet a figure the decision reports can still overflow: refuse it
+    # here rather than decide with an infinity no log can hold (capacity checks the same way).
+    require(_finite(_product(state.ready_replicas, service, utilization)),
+            "ready_capacity_not_finite", "ready_replicas",
+            "ready_replicas x service_tokens_per_second_per_replica x target_utilization is out "
+            "of numeric range")
+    require(_finite(now - state.last_scale_at_seconds), "time_not_finite",
+            "last_scale_at_seconds", "the time since last_scale_at_seconds is out of numeric range")
+    require(_finite(now - policy.scale_down_stabilization_seconds), "timing_window_invalid",
+            "scale_down_stabilization_seconds",
+            "the stabilisation window reaches back out of numeric range")
 
 
 def _clamp(value: int, policy: AutoscalingPolicy) -> int:
@@ -210,6 +231,6 @@ def recommend_replicas(observations: Sequence[ScaleObservation], state: ScaleSta
                                "max_replicas": policy.max_replicas}))
     action = (ScaleAction.SCALE_UP if bounded > desired
               else ScaleAction.SCALE_DOWN if bounded < desired else ScaleAction.HOLD)
-    ready_capacity = (state.ready_replicas * policy.service_tokens_per_second_per_replica
-                      * policy.target_utilization)
+    ready_capacity = _product(state.ready_replicas, policy.service_tokens_per_second_per_replica,
+                              policy.target_utilization)
     return ScaleDecision(action, bounded, newest, ready_capacity, tuple(reasons))

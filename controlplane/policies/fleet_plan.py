@@ -25,7 +25,12 @@ from controlplane.policies.fleet_plan_evidence import (
     deciding_reasons,
 )
 from controlplane.policies.fleet_plan_parse import from_plain, parse_scenario_structure
-from controlplane.policies.fleet_plan_scenario import Scenario, canonical_json, scenario_digest
+from controlplane.policies.fleet_plan_scenario import (
+    Scenario,
+    canonical_json,
+    check_scenario_size,
+    scenario_digest,
+)
 from controlplane.policies.fleet_plan_stages import STAGES, run_stages
 from controlplane.policies.reasons import Reason, require, to_plain
 
@@ -55,8 +60,10 @@ class FleetPlan:
 
 def scenario_from_plain(plain: object) -> Scenario:
     """Parse and fully validate a scenario; any bad input raises PolicyInputError naming the
-    scenario field, so a scenario that parses is one `run_plan` can decide."""
+    scenario field, so a scenario that parses is one `run_plan` can decide and one a PlanFleet
+    command can carry (at most MAX_SCENARIO_BYTES of canonical JSON)."""
     scenario = parse_scenario_structure(plain)
+    check_scenario_size(scenario)
     run_stages(scenario)
     return scenario
 

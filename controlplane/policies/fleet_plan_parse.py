@@ -174,6 +174,10 @@ def check_scenario(scenario: Scenario) -> None:
         require(observed.observed_at_seconds <= scenario.evaluated_at_seconds,
                 "evidence_from_the_future", f"{where}.observed_at_seconds",
                 f"{source} evidence is dated after the evaluation time")
+        # Both times are finite, yet the age the grade reports can still overflow.
+        require(math.isfinite(scenario.evaluated_at_seconds - observed.observed_at_seconds),
+                "evidence_age_not_finite", f"{where}.observed_at_seconds",
+                f"{source} evidence's age at evaluated_at_seconds is out of numeric range")
         age = observed.max_age_seconds
         require(isinstance(age, (int, float)) and math.isfinite(age) and age > 0,
                 "evidence_max_age_not_positive", f"{where}.max_age_seconds",

@@ -22,7 +22,7 @@ from controlplane.policies.capacity import CapacityRequirements, ReplicaBenchmar
 from controlplane.policies.memory import DeploymentMemory, ModelMemory
 from controlplane.policies.parallelism import ClusterTopology
 from controlplane.policies.placement import GPU
-from controlplane.policies.reasons import to_plain
+from controlplane.policies.reasons import PolicyInputError, to_plain
 from controlplane.policies.rollouts import ReleaseMeasurement, ReleaseRequirements, TrafficMode
 
 MEMORY_FIT = "memory-fit"
@@ -38,6 +38,9 @@ CANARY_GATE = "canary-gate"
 CONTROL_EVIDENCE = (MEMORY_FIT, CAPACITY_PLAN, PARALLEL_LAYOUT, GPU_PLACEMENT, BENIGN_ADMISSION,
                     OVERSIZE_SHEDDING, QUEUE_SCALING, CANARY_GATE)
 EVIDENCE_SOURCES = ("benchmark", "inventory", "baseline_release", "candidate_release")
+# The largest scenario a plan takes, measured as its canonical JSON (compact, after parsing):
+# the bytes the PlanFleet command carries and every stage decision of the log records.
+MAX_SCENARIO_BYTES = 1_000_000
 
 
 def workload_evidence(name: str) -> str:
@@ -152,6 +155,20 @@ def canonical_json(value: Any) -> str:
 def scenario_digest(scenario: Scenario) -> str:
     """sha256 of the scenario's canonical JSON: any changed input changes it."""
     return hashlib.sha256(canonical_json(to_plain(scenario)).encode("utf-8")).hexdigest()
+
+
+def check_scenario_size(scenario: Scenario) -> None:
+    """PolicyInputError (`scenario_too_large`, naming the largest top-level field) unless the
+    scenario's canonical JSON is at most MAX_SCENARIO_BYTES."""
+    plain: dict[str, Any] = to_plain(scenario)
+    size = len(canonical_json(plain).encode("utf-8"))
+    if size <= MAX_SCENARIO_BYTES:
+        return
+    sizes = {name: len(canonical_json(value).encode("utf-8")) for name, value in plain.items()}
+    largest = max(sizes, key=sizes.__getitem__)  # the first in field order on a tie
+    raise PolicyInputError("scenario_too_large", largest,
+                           f"the scenario is {size} bytes as compact JSON, over the limit of "
+                           f"{MAX_SCENARIO_BYTES} bytes; {largest} alone is {sizes[largest]} bytes")
 
 
 DEFAULT_REQUIRED_EVIDENCE = frozenset(

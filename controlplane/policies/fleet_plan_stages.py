@@ -11,6 +11,7 @@ scenario fields each stage reads, so its decision can record exactly those.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, ParamSpec, TypeVar
@@ -191,6 +192,32 @@ def admission_stage(scenario: Scenario, upstream: Results) -> Plain:
             "oversize": to_plain(oversize)}
 
 
+# Per capacity dimension: the workload field its demand sums and the benchmark field it divides.
+_DIMENSION_FIELDS = {"prefill_tokens": ("prompt_tokens", "prefill_tokens_per_second"),
+                     "decode_tokens": ("output_tokens", "output_tokens_per_second"),
+                     "request_concurrency": ("mean_service_seconds", "max_concurrent_requests")}
+
+
+def _ready_capacity_field(scenario: Scenario, capacity: Mapping[str, Any]) -> str:
+    """Of the scenario fields the ready capacity multiplies out (the capacity plan's replicas x
+    service rate x utilisation), the one furthest from 1 in orders of magnitude: the one to fix."""
+    policy, requirements = scenario.autoscaling.policy, scenario.capacity_requirements
+    values: dict[str, float] = {
+        "autoscaling.policy.service_tokens_per_second_per_replica":
+            policy.service_tokens_per_second_per_replica,
+        "autoscaling.policy.target_utilization": policy.target_utilization,
+        "capacity_requirements.min_replicas": requirements.min_replicas}
+    if capacity["bottleneck"] in _DIMENSION_FIELDS:
+        per_request, per_replica = _DIMENSION_FIELDS[capacity["bottleneck"]]
+        for index, workload in enumerate(scenario.workloads):
+            for name in ("requests_per_second", per_request, "burst_multiplier"):
+                values[f"workloads[{index}].{name}"] = getattr(workload, name)
+        values[f"benchmark.{per_replica}"] = getattr(scenario.benchmark, per_replica)
+        values["capacity_requirements.reserved_headroom_fraction"] = (
+            1 - requirements.reserved_headroom_fraction)
+    return max(values, key=lambda name: abs(math.log10(values[name])) if values[name] > 0 else 0)
+
+
 def scaling_stage(scenario: Scenario, upstream: Results) -> Plain:
     """Autoscaling on the capacity plan's token demand, desired = ready = required replicas."""
     capacity = upstream["capacity"]
@@ -204,9 +231,20 @@ def scaling_stage(scenario: Scenario, upstream: Results) -> Plain:
         ("last_scale_at_seconds", "autoscaling.last_scale_at_seconds"),
         ("timestamp_seconds", "autoscaling.observation_timestamp_seconds"),
         ("arrival_tokens_per_second", "autoscaling.queued_tokens"),
+        ("queued_tokens", "autoscaling.queued_tokens"),
         ("now", "evaluated_at_seconds"))
-    decision = _scoped(sections, recommend_replicas, (observation,), state, probe.policy,
-                       now=scenario.evaluated_at_seconds)
+    try:
+        decision = _scoped(sections, recommend_replicas, (observation,), state, probe.policy,
+                           now=scenario.evaluated_at_seconds)
+    except PolicyInputError as error:
+        if error.code != "ready_capacity_not_finite":
+            raise
+        # The ready count is derived, not an input: name the scenario field that inflated it.
+        raise PolicyInputError(
+            error.code, _ready_capacity_field(scenario, capacity),
+            f"the ready capacity (the capacity plan's {float(required):.3g} replicas x the "
+            "autoscaling service rate x target_utilization) is out of numeric range"
+        ) from None
     result: Plain = to_plain(decision)
     return result
 
@@ -251,7 +289,8 @@ def stage_verdict(stage: str, result: Mapping[str, Any]) -> tuple[str, list[dict
     """A stage result's outcome word and the reasons its decision records, in a fixed order."""
     if stage == "capacity":
         outcome = "within_requirements" if result["release_ready"] else "violates_requirements"
-        return outcome, [*result["reasons"], *result["violations"]]
+        # The capacity plan's reasons are its sizing then its violations: each recorded once.
+        return outcome, list(result["reasons"])
     if stage == "memory":
         return ("fits" if result["fits"] else "does_not_fit"), list(result["reasons"])
     if stage == "layout":

@@ -17,6 +17,13 @@ from dataclasses import dataclass
 
 from controlplane.policies.reasons import Reason, require
 
+# The most GPUs a node may hold. A node is the tensor-parallel domain (tensor groups never cross
+# it), and every node in research-data/ has 4 or 8 GPUs (DGX-class H100/H200 boards; an MI300X
+# node's 8 GPUs, each with 7 XGMI peers; vidur's 4- and 8-GPU nodes); the largest NVLink domain
+# sold as one system, GB200 NVL72, has 72. 1,024 leaves room for larger domains, matches the
+# tensor_parallel_size bound of the memory commands, and keeps the layout search small.
+MAX_GPUS_PER_NODE = 1_024
+
 
 @dataclass(frozen=True)
 class ParallelModel:
@@ -70,6 +77,8 @@ def _validate(model: ParallelModel, topology: ClusterTopology, target_replicas: 
         value = getattr(topology, name)
         require(_is_count(value) and value > 0, "cluster_capacity_not_positive", name,
                 f"{name} must be a positive integer")
+    require(topology.gpus_per_node <= MAX_GPUS_PER_NODE, "gpus_per_node_above_limit",
+            "gpus_per_node", f"gpus_per_node may be at most {MAX_GPUS_PER_NODE}")
     memory = topology.gpu_memory_gib
     require(math.isfinite(memory) and memory > 0, "cluster_capacity_not_positive",
             "gpu_memory_gib", "GPU memory must be a positive finite number of GiB")
@@ -101,14 +110,14 @@ def _smallest_fitting_pipeline(model: ParallelModel, tensor: int, max_pipeline: 
     return depth if depth <= max_pipeline else None
 
 
+def divisors(number: int) -> list[int]:
+    """Every divisor of a positive `number`, ascending, from trial divisions up to its root."""
+    low = [divisor for divisor in range(1, math.isqrt(number) + 1) if number % divisor == 0]
+    return low + [number // divisor for divisor in reversed(low) if divisor * divisor != number]
+
+
 def _largest_divisor_at_most(number: int, bound: int) -> int:
-    best = 1
-    for low in range(1, math.isqrt(number) + 1):
-        if number % low == 0:
-            for divisor in (low, number // low):
-                if best < divisor <= bound:
-                    best = divisor
-    return best
+    return max(divisor for divisor in divisors(number) if divisor <= bound)
 
 
 def plan_parallelism(model: ParallelModel, topology: ClusterTopology,
@@ -118,9 +127,7 @@ def plan_parallelism(model: ParallelModel, topology: ClusterTopology,
     total_gpus = topology.nodes * topology.gpus_per_node
     usable_gib = topology.gpu_memory_gib * topology.usable_fraction
     fast = topology.fast_intra_node_collectives
-    widths = [w for w in range(1, topology.gpus_per_node + 1) if topology.gpus_per_node % w == 0]
-    if not fast:
-        widths = [1]
+    widths = divisors(topology.gpus_per_node) if fast else [1]
     best: tuple[int, int, int, int] | None = None  # (gpus, preference, tensor, pipeline)
     for tensor in widths:
         pipeline = _smallest_fitting_pipeline(model, tensor, total_gpus // tensor, usable_gib)

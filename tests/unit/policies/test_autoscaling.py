@@ -173,6 +173,44 @@ def test_invalid_inputs_are_refused_naming_the_field(
     assert error.value.field == field
 
 
+MAX_FLOAT = 1.7976931348623157e308
+
+
+@pytest.mark.parametrize(("observation", "state", "policy", "now", "code", "field"), [
+    # Each input finite and in range, yet a figure the decision reports would overflow.
+    (observe(1, 0, 1), ScaleState(10**307, 10**307, 0, 0), POLICY, 100,
+     "ready_capacity_not_finite", "ready_replicas"),
+    pytest.param(observe(1, 0, 1), ScaleState(10**400, 10**400, 0, 0), POLICY, 100,
+                 "ready_capacity_not_finite", "ready_replicas", id="ready_replicas-10**400"),
+    (observe(1, 0, 1), ScaleState(2, 2, 0, 0),
+     dataclasses.replace(POLICY, service_tokens_per_second_per_replica=MAX_FLOAT,
+                         target_utilization=1.0), 100,
+     "ready_capacity_not_finite", "ready_replicas"),
+    pytest.param(observe(1, 10**400, 1), ScaleState(1, 1, 0, 0), POLICY, 100,
+                 "queued_tokens_out_of_range", "queued_tokens", id="queued_tokens-10**400"),
+    (observe(-MAX_FLOAT, 0, 1), ScaleState(1, 1, 0, -MAX_FLOAT), POLICY, MAX_FLOAT,
+     "time_not_finite", "last_scale_at_seconds"),
+    (observe(-MAX_FLOAT, 0, 1), ScaleState(1, 1, 0, -MAX_FLOAT),
+     dataclasses.replace(POLICY, scale_down_stabilization_seconds=MAX_FLOAT), -MAX_FLOAT,
+     "timing_window_invalid", "scale_down_stabilization_seconds"),
+])
+def test_inputs_whose_derived_figures_overflow_are_refused_naming_the_field(
+        observation: ScaleObservation, state: ScaleState, policy: AutoscalingPolicy, now: float,
+        code: str, field: str) -> None:
+    """Regression: ready capacity = ready x service x utilisation overflowed to infinity, and
+    the decision failed with `non-finite number inf in a decision` instead of naming the input."""
+    with pytest.raises(PolicyInputError) as error:
+        recommend_replicas([observation], state, policy, now=now)
+    assert (error.value.code, error.value.field) == (code, field)
+
+
+def test_the_largest_finite_ready_capacity_is_still_decided() -> None:
+    state = ScaleState(10**300, 10**300, 0, 0)
+    decision = recommend_replicas([observe(100, 0, 160)], state, POLICY, now=100)
+    assert decision.ready_capacity_tokens_per_second == pytest.approx(8e301)
+    json.dumps(to_plain(decision), allow_nan=False)
+
+
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[list[ScaleObservation], ScaleState, AutoscalingPolicy]:
     low = draw(st.integers(1, 6))

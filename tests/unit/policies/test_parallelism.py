@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.policies.memory import GIB, DeploymentMemory, ModelMemory, assess_memory
-from controlplane.policies.parallelism import ClusterTopology, ParallelModel, plan_parallelism
+from controlplane.policies.parallelism import (
+    MAX_GPUS_PER_NODE,
+    ClusterTopology,
+    ParallelModel,
+    divisors,
+    plan_parallelism,
+)
 from controlplane.policies.reasons import PolicyInputError, to_plain
 
 
@@ -126,6 +132,37 @@ def test_invalid_inputs_are_refused_naming_the_field(
     with pytest.raises(PolicyInputError) as error:
         plan_parallelism(model, topology, target)
     assert error.value.field == field
+
+
+def test_a_node_of_more_gpus_than_the_limit_is_refused_naming_gpus_per_node() -> None:
+    """Regression: gpus_per_node had no bound; 720,720,000 took minutes to enumerate."""
+    for per_node in (MAX_GPUS_PER_NODE + 1, 720_720_000, 10**18):
+        with pytest.raises(PolicyInputError) as error:
+            plan_parallelism(ParallelModel(60, 4), ClusterTopology(1, per_node, 40, 0.9, True), 1)
+        assert (error.value.code, error.value.field) == ("gpus_per_node_above_limit",
+                                                         "gpus_per_node")
+    plan = plan_parallelism(ParallelModel(60, 4),
+                            ClusterTopology(1, MAX_GPUS_PER_NODE, 40, 0.9, True), 1)
+    assert (plan.tensor_parallel, plan.pipeline_parallel) == (2, 1)
+
+
+class _CountingModulus(int):
+    """An integer that counts the trial divisions made of it."""
+
+    divisions = 0
+
+    def __mod__(self, other: int) -> int:  # type: ignore[override]
+        _CountingModulus.divisions += 1
+        return int(self) % other
+
+
+def test_divisors_are_found_with_square_root_many_trial_divisions() -> None:
+    assert divisors(1) == [1] and divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36]
+    assert all(divisors(n) == [d for d in range(1, n + 1) if n % d == 0] for n in range(1, 1500))
+    assert len(divisors(720_720_000)) == 960
+    _CountingModulus.divisions = 0
+    assert divisors(_CountingModulus(10**6)) == [d for d in range(1, 10**6 + 1) if 10**6 % d == 0]
+    assert _CountingModulus.divisions == 1000
 
 
 def reference_plan(model: ParallelModel, topology: ClusterTopology,
