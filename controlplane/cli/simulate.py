@@ -1,7 +1,8 @@
 """`fleetctl simulate TRACE`: replay a production trace through the control plane on a virtual clock.
 
-Exit 0 when the run completes; 2 for a bad trace (file and line named), option or log path;
-1 when the control plane refuses to place even the first replica.
+Exit 0 when the run completes; 2 for a bad trace (file and line named), option or log path,
+refused before the log is created; 1 when the control plane refuses to place even the first
+replica (a decision, recorded in the log).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from controlplane.runtime import open_store
 from controlplane.settings import redacted_url
 from controlplane.simulation.chart import write_chart
 from controlplane.simulation.config import SimulationConfig
+from controlplane.simulation.fleet import resolve_catalog
 from controlplane.simulation.report import build_report, render
 from controlplane.simulation.routing import Routing
 from controlplane.simulation.run import Simulation
@@ -31,6 +33,7 @@ def _log_url(log: str, overwrite: bool) -> str:
     path = Path(log)
     if path.is_dir():
         raise InputError(f"--log {log} is a directory; a simulation's log is a SQLite file")
+    check_writable(path, "--log")
     if path.exists():
         if not overwrite:
             raise InputError(f"--log {log} already exists; pass --overwrite or another --log "
@@ -84,9 +87,12 @@ def simulate(trace: Path, limit: int | None, routing: str, replicas: int, min_re
         control_interval_seconds=control_interval, autoscale=not no_autoscale,
         warmup_seconds=warmup_seconds, deadline_seconds=deadline_seconds,
         rollout=not no_rollout).validate()
-    if not no_chart:  # before the run writes its log, not after
+    # Every input is checked before the log is created or touched: a refused run leaves none.
+    if not no_chart:
         check_writable(chart_path, "--chart")
     requests = read_trace(trace, limit)
+    config.validate_for(requests)
+    resolve_catalog(config)
     url = _log_url(log, overwrite)
     store = open_store(url, url_source="--log")
     if store.head()[0] != 0:

@@ -6,6 +6,6 @@ into the log and decided by `controlplane.service.decide`; the data plane (engin
 tokens, prefill, prefix caches) is the simulated world those decisions act on.
 
 Modules: `traces` (readers), `costs` and `dataplane` (engines), `routing`, `control` (the path
-to the log), `fleet`, `canary`, `run`
+to the log), `fleet`, `autoscaler` (its observations and cadence), `canary`, `run`
 (the loop), `sampling`, `report` and `chart`.
 """

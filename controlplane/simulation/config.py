@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from controlplane.errors import InputError
 from controlplane.simulation.routing import Routing
+from controlplane.simulation.traces import MAX_SPAN_SECONDS, Trace
 
 
 @dataclass(frozen=True)
@@ -54,4 +55,16 @@ class SimulationConfig:
             problems.append("queue bound must be >= 0 and canary samples >= 1")
         if problems:
             raise InputError("; ".join(problems))
+        return self
+
+    def validate_for(self, trace: Trace) -> SimulationConfig:
+        """Refuse a speedup that stretches `trace` past the span a trace may have; returns self.
+
+        Arrivals come at trace time / speedup, so a small speedup stretches a valid trace
+        beyond the bound `traces` holds every trace to (the virtual clock's range).
+        """
+        if trace.span_seconds / self.speedup > MAX_SPAN_SECONDS:
+            raise InputError(f"--speedup {self.speedup:g}: stretches the trace's "
+                             f"{trace.span_seconds:.0f} s to more than {MAX_SPAN_SECONDS:.0f} s "
+                             "(ten years) of virtual clock")
         return self

@@ -5,15 +5,16 @@ reports the completions of the last tick (`ReleaseRequest`, at T), warmed replic
 ready, the autoscaler and the rollout get their evidence when due; then every request that
 arrives before the next tick asks for admission (`AdmitRequest`, at its arrival time). All of
 it is decided through the log in one batch, and the decisions are acted on: admitted requests
-are routed to a ready replica at their arrival (promoted ones at T), placed replicas start
-warming, released ones drain. Between ticks the replicas' engines run (see `dataplane`).
+are routed to a ready replica at their arrival, placed replicas start warming, released ones
+drain. So is every request a walk of the queue decided (an admission, release, readiness or
+policy sheds late heads and admits heads that fit); those admitted are routed at that command's
+time. Between ticks the replicas' engines run (see `dataplane`).
 A request's `max_output_tokens` is its trace's output length: the simulation knows each answer's
 length, where a gateway would pass the client's `max_tokens`.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import itertools
 import math
@@ -23,9 +24,10 @@ from typing import Any
 
 from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import MarkReplicaReady
-from controlplane.commands.traffic import AdmitRequest, ObserveLoad, ReleaseRequest, TokenObservation
+from controlplane.commands.traffic import AdmitRequest, ReleaseRequest
 from controlplane.decisions import REJECTED
 from controlplane.policies.prefix_cache import CacheScope
+from controlplane.simulation.autoscaler import AutoscalerFeed
 from controlplane.simulation.canary import RolloutDriver
 from controlplane.simulation.config import SimulationConfig
 from controlplane.simulation.control import ControlPlane, Decided
@@ -38,6 +40,7 @@ from controlplane.simulation.traces import Trace
 from controlplane.simulation.world import Fate, ReplicaState, RequestState, SimReplica
 from controlplane.state.admission import REQUEST_ADMITTED, REQUEST_QUEUED, REQUEST_SHED
 from controlplane.state.fleet import REPLICA_READY, REPLICA_RELEASED
+from events.model import RecordedEvent
 from events.store import EventStore
 
 Progress = Callable[[int, int], None]
@@ -48,26 +51,25 @@ class Simulation:
 
     def __init__(self, trace: Trace, config: SimulationConfig, store: EventStore,
                  progress: Progress | None = None) -> None:
-        self.trace, self.config = trace, config.validate()
+        self.trace, self.config = trace, config.validate().validate_for(trace)
         self.control = ControlPlane(store)
         self.progress = progress
         self.router = Router(config.routing)
         self.requests = [RequestState(r, r.arrival_seconds / config.speedup) for r in trace.requests]
-        self.arrival_times = [r.arrival_seconds for r in self.requests]
-        self.arrival_tokens = list(itertools.accumulate((r.tokens for r in self.requests), initial=0))
         self.heap: list[tuple[float, int, str, Any]] = []
         self.sequence = itertools.count()
         self.next_arrival = 0
         self.queue: dict[str, RequestState] = {}  # the control plane's admission queue
         self.unrouted: list[RequestState] = []  # admitted while no replica was ready
         self.reported: list[RequestState] = []  # completed, to be released at the next tick
-        self.scaled = 0
         self.placements_refused = 0
         self.samples = Samples()
         span = self.requests[-1].arrival_seconds
         self.rollout = RolloutDriver(config, config.model_id, config.rollout_start_fraction * span) \
             if config.rollout else None
-        self.next_autoscale = config.autoscale_interval_seconds
+        self.autoscaler = AutoscalerFeed(config.pool_id, config.autoscale_interval_seconds,
+                                         [(r.arrival_seconds, r.tokens) for r in self.requests],
+                                         self.at)
         self.fleet: Fleet
 
     def at(self, seconds: float) -> datetime:
@@ -111,8 +113,8 @@ class Simulation:
                                                at=self.at(now), actor="simulation",
                                                replica_id=replica.replica_id))
         separate = False
-        if self.config.autoscale and now >= self.next_autoscale:
-            at_now.append(self._observe(now))
+        if self.config.autoscale and self.autoscaler.due(now):
+            at_now.append(self.autoscaler.observe(now, self._queued_tokens(), self.next_arrival))
             separate = True
         if self.rollout is not None and self.rollout.due(now):
             at_now += self.rollout.commands(now, self.at(now))
@@ -123,19 +125,10 @@ class Simulation:
         self._act(self.control.run(at_now + self._admissions(now, until)), now)
         self._run_data_plane(until)
 
-    def _observe(self, now: float) -> ObserveLoad:
-        window = self.config.autoscale_interval_seconds
-        self.next_autoscale = now + window
-        start = bisect.bisect_left(self.arrival_times, now - window)
-        stop = bisect.bisect_left(self.arrival_times, now)
-        arrived = self.arrival_tokens[stop] - self.arrival_tokens[start]
-        queued = sum(r.tokens for r in self.queue.values()) + sum(
+    def _queued_tokens(self) -> int:
+        """Tokens waiting: in the admission queue and on the replicas, not yet running."""
+        return sum(r.tokens for r in self.queue.values()) + sum(
             r.engine.waiting_tokens for r in self.fleet.replicas.values())
-        self.scaled += 1
-        return ObserveLoad(command_id=f"observe-{self.scaled}", at=self.at(now), actor="autoscaler",
-                           pool_id=self.config.pool_id, observations=[TokenObservation(
-                               observed_at=self.at(now), queued_tokens=queued,
-                               arrival_tokens_per_second=round(arrived / window, 3))])
 
     def _admissions(self, now: float, until: float) -> list[CommandBase]:
         ready = len(self.fleet.ready())
@@ -163,20 +156,17 @@ class Simulation:
         """Carry out what each decision said, in decision order."""
         for item in decided:
             kind = item.command_type
-            if kind == "AdmitRequest":
-                self._admission(item, now)
-            elif kind == "PlaceReplica":
+            if kind == "PlaceReplica":
                 self._placed(item, now)
+            elif kind == "ObserveLoad":
+                self.autoscaler.decided(item)
             elif kind == "MarkReplicaReady" and item.first(REPLICA_READY) is not None:
                 replica = self.fleet.replicas[item.result["replica_id"]]
                 replica.state, replica.ready_seconds = ReplicaState.READY, now
                 pending, self.unrouted = self.unrouted, []
                 for request in pending:
                     self._push(now, "route", request)
-            if kind != "AdmitRequest":  # the queue's promotions (a release, readiness, a policy)
-                for event in item.of_type(REQUEST_ADMITTED, REQUEST_SHED):
-                    self._settle(event.data["result"]["request_id"], event.event_type,
-                                 event.data, now, promoted=True)
+            self._requests_decided(item, now)
             for event in item.of_type(REPLICA_RELEASED):
                 released = self.fleet.replicas.get(event.data["result"]["replica_id"])
                 if released is not None:
@@ -184,19 +174,32 @@ class Simulation:
         if self.rollout is not None:
             self.rollout.observe(decided, now)
 
-    def _admission(self, item: Decided, now: float) -> None:
-        decision = item.first(REQUEST_ADMITTED, REQUEST_QUEUED, REQUEST_SHED, REJECTED)
-        assert decision is not None, f"no admission decision for {item.command_id}"
-        request = self.requests[int(item.command_id.rsplit("-", 1)[1])]
-        self._settle(request.request_id, decision.event_type, decision.data, now, promoted=False)
+    def _requests_decided(self, item: Decided, now: float) -> None:
+        """Settle every request a decision decided, whatever its command: an arrival's own
+        admission, and each queued request a walk of the queue admitted or shed (at an
+        arrival's door, after a release, on new ready capacity or a new policy)."""
+        arrival: RequestState | None = None
+        if item.command_type == "AdmitRequest":
+            arrival = self.requests[int(item.command_id.rsplit("-", 1)[1])]
+            now = arrival.arrival_seconds  # the walk at its door happened at its arrival
+        own: RecordedEvent | None = None
+        for event in item.of_type(REQUEST_ADMITTED, REQUEST_QUEUED, REQUEST_SHED, REJECTED):
+            if arrival is not None and event.stream_id == f"request/{arrival.request_id}":
+                own = event
+            elif event.event_type in (REQUEST_ADMITTED, REQUEST_SHED):
+                # A walk decides queued requests before the arrival is judged: FIFO, first.
+                self._settle(event.data["result"]["request_id"], event.event_type, event.data, now)
+        if arrival is not None:
+            assert own is not None, f"no admission decision for {item.command_id}"
+            self._settle(arrival.request_id, own.event_type, own.data, now)
 
-    def _settle(self, request_id: str, event_type: str, data: dict[str, Any], now: float,
-                promoted: bool) -> None:
+    def _settle(self, request_id: str, event_type: str, data: dict[str, Any], now: float) -> None:
+        """One request's decision, taken at `now`: admitted (routed now), queued or shed."""
         request = self.requests[int(request_id.rsplit("-", 1)[1])]
         self.queue.pop(request_id, None)
         if event_type == REQUEST_ADMITTED:
             request.fate = Fate.ADMITTED
-            request.admitted_seconds = now if promoted else request.arrival_seconds
+            request.admitted_seconds = now
             self._push(request.admitted_seconds, "route", request)
         elif event_type == REQUEST_QUEUED:
             request.fate = Fate.QUEUED
@@ -274,7 +277,11 @@ class Simulation:
         return all(r.engine.idle for r in self.fleet.replicas.values())
 
     def _next_tick(self, after: float) -> float:
-        """The next tick with work to do: skip idle stretches of the trace on the tick grid."""
+        """The next tick with work to do: skip idle stretches of the trace on the tick grid.
+
+        The autoscaler forces a tick every interval, through idle stretches too, until it rests
+        (see `autoscaler`); then its next observation comes at the next tick that has work.
+        """
         interval = self.config.control_interval_seconds
         candidates = [self.heap[0][0]] if self.heap else []
         if self.next_arrival < len(self.requests):
@@ -286,6 +293,8 @@ class Simulation:
         if not candidates:
             return after
         soonest = max(after, min(candidates))
-        if self.config.autoscale:
-            soonest = min(soonest, max(after, self.next_autoscale))
+        if self.config.autoscale and not self.autoscaler.at_rest(self._queued_tokens(),
+                                                                 self.next_arrival):
+            soonest = min(soonest, max(after, self.autoscaler.next_seconds))
         return after + math.floor((soonest - after) / interval) * interval
+

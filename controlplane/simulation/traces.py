@@ -7,8 +7,13 @@ Two formats, told apart by the file's suffix (else by its first line):
   hash id per 512-token prefix block; equal ids mean reusable prefix KV.
 
 Guarantee: every request is read exactly as written (counts and token totals equal the file's);
-a missing file, a malformed row or time running backwards raises `TraceError` naming the file,
-the line and the field, and nothing is simulated.
+a missing file, a malformed row, time running backwards or a time out of range raises
+`TraceError` naming the file, the line and the field, and nothing is simulated.
+
+Time range: every request must fall within 1970-01-01..9000-01-01 (UTC; a Mooncake trace's zero
+is anchored at 2025-02-25) and at most ten years (`MAX_SPAN_SECONDS`) after the trace's first
+request. The virtual clock runs from the first request's time, so it stays far inside what a
+`datetime` can hold (through 9999) and a float can step through at the finest control interval.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ MOONCAKE_BLOCK_TOKENS = 512
 # Mooncake timestamps are milliseconds from the trace's own zero; we anchor them at a fixed date.
 MOONCAKE_EPOCH_SECONDS = datetime(2025, 2, 25, tzinfo=UTC).timestamp()
 MAX_TOKENS = 100_000_000
+EARLIEST_EPOCH_SECONDS = 0.0  # 1970-01-01
+LATEST_EPOCH_SECONDS = datetime(9000, 1, 1, tzinfo=UTC).timestamp()
+MAX_SPAN_SECONDS = 10 * 365 * 86_400.0  # ten years of virtual clock after the first request
 
 
 class TraceError(InputError):
@@ -94,6 +102,7 @@ def read_trace(path: Path | str, limit: int | None = None) -> Trace:
             raise TraceError(path, line, "timestamp is earlier than the previous request's")
         previous = moment
         start = moment if start is None else start
+        _check_time(path, line, kind, moment, start)
         requests.append(TraceRequest(len(requests), line, moment - start, prompt, output, hashes))
     if not requests:
         raise TraceError(path, None, "the trace holds no requests")
@@ -103,6 +112,17 @@ def read_trace(path: Path | str, limit: int | None = None) -> Trace:
 
 
 Row = tuple[int, float, int, int, tuple[int, ...] | None]
+
+
+def _check_time(path: Path, line: int, kind: str, moment: float, start: float) -> None:
+    """Refuse a time outside 1970..9000 or more than `MAX_SPAN_SECONDS` after the first."""
+    field = "TIMESTAMP" if kind == "azure" else "timestamp"
+    if not EARLIEST_EPOCH_SECONDS <= moment < LATEST_EPOCH_SECONDS:
+        raise TraceError(path, line, f"{field}: the request's time is outside 1970-01-01..9000-01-01")
+    if moment - start > MAX_SPAN_SECONDS:
+        raise TraceError(path, line, f"{field}: {moment - start:.0f} s after the trace's first "
+                                     f"request; a trace may span at most {MAX_SPAN_SECONDS:.0f} s "
+                                     "(ten years)")
 
 
 def _kind_of(path: Path) -> str:

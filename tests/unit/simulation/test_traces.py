@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.simulation.traces import TraceError, read_trace
+from controlplane.simulation.traces import MAX_SPAN_SECONDS, TraceError, read_trace
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 
@@ -94,3 +94,34 @@ def test_a_malformed_mooncake_line_names_its_line_and_field(tmp_path: Path, reco
     with pytest.raises(TraceError) as raised:
         read_trace(path)
     assert raised.value.line == 2 and field in str(raised.value)
+
+
+@pytest.mark.parametrize("stamp_ms", [300_000_000_000_000, 1e20, 1e15])
+def test_a_mooncake_time_past_the_year_9000_is_refused_at_its_line(tmp_path: Path,
+                                                                   stamp_ms: float) -> None:
+    good = {"timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [0]}
+    path = _mooncake(tmp_path, good, {**good, "timestamp": stamp_ms})
+    with pytest.raises(TraceError) as raised:
+        read_trace(path)
+    assert raised.value.line == 2 and "timestamp" in str(raised.value)
+
+
+@pytest.mark.parametrize("stamp", ["9999-12-31 23:59:59.9999999", "0001-01-01 00:00:00.0"])
+def test_an_azure_time_outside_1970_to_9000_is_refused_at_its_line(tmp_path: Path,
+                                                                    stamp: str) -> None:
+    path = _azure(tmp_path, f"{stamp},1,1")
+    with pytest.raises(TraceError) as raised:
+        read_trace(path)
+    assert raised.value.line == 2 and "TIMESTAMP" in str(raised.value)
+
+
+def test_a_trace_spanning_more_than_ten_years_is_refused_at_the_line_past_it(
+        tmp_path: Path) -> None:
+    ten_years_ms = int(MAX_SPAN_SECONDS * 1000)
+    good = {"timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [0]}
+    assert read_trace(_mooncake(tmp_path, good, {**good, "timestamp": ten_years_ms})) \
+        .span_seconds == MAX_SPAN_SECONDS
+    path = _mooncake(tmp_path, good, good, {**good, "timestamp": ten_years_ms + 1})
+    with pytest.raises(TraceError) as raised:
+        read_trace(path)
+    assert raised.value.line == 3 and "ten years" in str(raised.value)
