@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -12,6 +11,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from controlplane.errors import InputError
+from controlplane.files import read_json
 from controlplane.gateway.parameters import GatewayParameters
 from events.projections import StateView
 
@@ -203,26 +203,7 @@ MAX_POLICY_FILE_BYTES = 1_000_000
 def load_overrides(path: Path) -> dict[str, dict[str, Any]]:
     """Read a what-if policy file: `{"memory": {"usable_fraction": 0.8}, ...}`; a file that
     cannot be read, or is not UTF-8 JSON of policy parameters, is an InputError naming it."""
-    try:
-        with path.open("rb") as handle:  # bounded: a FIFO or /dev/zero never ends
-            encoded = handle.read(MAX_POLICY_FILE_BYTES + 1)
-        if len(encoded) > MAX_POLICY_FILE_BYTES:
-            raise InputError(f"policy file {path} is larger than {MAX_POLICY_FILE_BYTES} bytes")
-        raw = json.loads(encoded.decode("utf-8"))
-    except OSError as error:
-        raise InputError(f"cannot read policy file {path}: {error.strerror}") from None
-    except UnicodeDecodeError as error:
-        raise InputError(f"policy file {path} is not UTF-8 text: byte {error.start} cannot be"
-                         " decoded") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"policy file {path} is not JSON: {error.msg} at line {error.lineno}") \
-            from None
-    except ValueError as error:  # an integer past Python's digit limit, say
-        raise InputError(f"policy file {path} is not usable JSON: "
-                         f"{str(error).split(';')[0]}") from None
-    except RecursionError:
-        raise InputError(f"policy file {path} is nested too deeply to be policy parameters") \
-            from None
+    raw = read_json(path, MAX_POLICY_FILE_BYTES, "policy file ")
     if not isinstance(raw, dict):
         raise InputError(f"policy file {path} must hold an object of policy name -> parameters")
     return {name: validate_overrides(name, params if isinstance(params, dict) else {"": params})

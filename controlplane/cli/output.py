@@ -17,10 +17,12 @@ class ProgressCallback(Protocol):
     def __call__(self, done: int, total: int | None = None) -> None: ...
 
 
-def emit(result: Any, as_json: bool, human: Callable[[Any], str] | None = None) -> None:
-    """Print `result` as JSON, or through `human` for people."""
+def emit(result: Any, as_json: bool, human: Callable[[Any], str] | None = None,
+         indent: int | None = 2) -> None:
+    """Print `result` as JSON (indented, or on one line with `indent=None`), or through `human`
+    for people."""
     if as_json or human is None:
-        click.echo(json.dumps(result, indent=2, sort_keys=False, ensure_ascii=False))
+        click.echo(json.dumps(result, indent=indent, ensure_ascii=False))
     else:
         click.echo(human(result))
 
@@ -28,10 +30,7 @@ def emit(result: Any, as_json: bool, human: Callable[[Any], str] | None = None) 
 def announce(result: Any, as_json: bool, human: Callable[[Any], str] | None = None) -> None:
     """Print `result` as one line (compact JSON, or `human`): a long-running command's start-up
     or summary line, which a reader of stdout takes as soon as it is written."""
-    if as_json or human is None:
-        click.echo(json.dumps(result, ensure_ascii=False))
-    else:
-        click.echo(human(result))
+    emit(result, as_json, human, indent=None)
 
 
 def one_line(message: str) -> str:

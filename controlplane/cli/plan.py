@@ -17,11 +17,11 @@ from typing import Any
 import click
 
 from controlplane.cli.context import WAIT_SECONDS, settings_and_store
-from controlplane.cli.files import check_writable, read_at_most
 from controlplane.cli.output import table
 from controlplane.commands.plan import PlanFleet
 from controlplane.decisions import REJECTED
 from controlplane.errors import InputError, OperationalError
+from controlplane.files import check_writable, read_json
 from controlplane.policies.fleet_plan import (
     plan_from_results,
     plan_to_plain,
@@ -49,17 +49,7 @@ def plan_command_id(plan_id: str) -> str:
 
 
 def _read_scenario(path: str) -> object:
-    raw = read_at_most(Path(path), MAX_SCENARIO_FILE_BYTES)
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise InputError(f"{path} is not UTF-8 text") from None
-    except json.JSONDecodeError as error:
-        raise InputError(f"{path} is not JSON: line {error.lineno}: {error.msg}") from None
-    except ValueError as error:  # an integer past Python's digit limit, say
-        raise InputError(f"{path} is not usable JSON: {str(error).split(';')[0]}") from None
-    except RecursionError:
-        raise InputError(f"{path} is nested too deeply to be a scenario") from None
+    return read_json(Path(path), MAX_SCENARIO_FILE_BYTES)
 
 
 def _settled(events: list[RecordedEvent], plan_command: str) -> bool:

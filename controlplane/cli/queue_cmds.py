@@ -12,10 +12,10 @@ from typing import Any
 import click
 
 from controlplane.cli.context import WAIT_SECONDS, settings_and_store
-from controlplane.cli.files import read_at_most
 from controlplane.cli.output import announce, emit, fail
 from controlplane.commands import CommandBase
 from controlplane.errors import InputError, OperationalError
+from controlplane.files import read_at_most
 from controlplane.service import Outcome
 from controlplane.settings import MAX_WORKER_PROCESSES, Settings, redacted_url
 from controlplane.submission import MAX_SUBMISSION_BYTES, read_submission

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import click
 
-from controlplane.cli.files import check_writable
 from controlplane.cli.output import emit, progress
 from controlplane.errors import InputError
+from controlplane.files import check_writable
 from controlplane.runtime import open_store
 from controlplane.settings import redacted_url
 from controlplane.simulation.chart import write_chart
@@ -31,9 +31,7 @@ def _log_url(log: str, overwrite: bool) -> str:
     if "://" in log:
         return log
     path = Path(log)
-    if path.is_dir():
-        raise InputError(f"--log {log} is a directory; a simulation's log is a SQLite file")
-    check_writable(path, "--log")
+    check_writable(path, "--log")  # refuses a directory too
     if path.exists():
         if not overwrite:
             raise InputError(f"--log {log} already exists; pass --overwrite or another --log "

@@ -115,13 +115,13 @@ def _releasable(pool: dict[str, Any], victims: list[str], live_tokens: int,
     remaining = sum(pool["ready"].values())
     for index, replica_id in enumerate(victims):
         tokens = pool["ready"].get(replica_id, 0)
-        if tokens and math.floor((remaining - tokens) * fraction) < live_tokens:
+        budget_without = math.floor((remaining - tokens) * fraction)
+        if tokens and budget_without < live_tokens:
             deferred = victims[index:]
             return victims[:index], Reason(
                 "scale_down_held_by_admitted_load",
                 f"{len(deferred)} replica(s) kept: admitted requests hold {live_tokens} tokens, "
-                f"which the budget without {replica_id} ({math.floor((remaining - tokens) * fraction)}"
-                " tokens) would not cover",
+                f"which the budget without {replica_id} ({budget_without} tokens) would not cover",
                 {"live_tokens": live_tokens, "live_token_budget_fraction": fraction,
                  "ready_tokens_kept": remaining, "deferred_replicas": deferred})
         remaining -= tokens

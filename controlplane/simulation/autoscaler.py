@@ -60,10 +60,11 @@ class AutoscalerFeed:
         """Follow an `ObserveLoad` decision: does the autoscaler rest after it?"""
         self.rests = resting(item.first(SCALE_DECIDED))
 
-    def at_rest(self, queued_tokens: int, arrivals_admitted: int) -> bool:
+    def at_rest(self, queued_tokens: Callable[[], int], arrivals_admitted: int) -> bool:
         """Whether the next observation would repeat the last resting hold: nothing arrived and
-        nothing waits since (only a decision changes the desired count; the next tick sees it)."""
-        return self.rests and arrivals_admitted == self.observed_arrivals and queued_tokens == 0
+        nothing waits since (only a decision changes the desired count; the next tick sees it).
+        The waiting tokens are counted only when the rest could hold: this runs every tick."""
+        return self.rests and arrivals_admitted == self.observed_arrivals and queued_tokens() == 0
 
 
 def resting(decided: RecordedEvent | None) -> bool:

@@ -293,7 +293,7 @@ class Simulation:
         if not candidates:
             return after
         soonest = max(after, min(candidates))
-        if self.config.autoscale and not self.autoscaler.at_rest(self._queued_tokens(),
+        if self.config.autoscale and not self.autoscaler.at_rest(self._queued_tokens,
                                                                  self.next_arrival):
             soonest = min(soonest, max(after, self.autoscaler.next_seconds))
         return after + math.floor((soonest - after) / interval) * interval

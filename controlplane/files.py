@@ -1,0 +1,53 @@
+"""Files read and written for the user: reads bounded, outputs checked before any work."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from controlplane.errors import InputError
+
+
+def read_at_most(path: Path, limit_bytes: int, label: str = "") -> bytes:
+    """The bytes of `path`, reading no more than `limit_bytes` + 1 of them (a FIFO or /dev/zero
+    never ends); InputError naming the file (after `label`, say "policy file ") when it cannot
+    be read or holds more."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(limit_bytes + 1)
+    except OSError as error:
+        raise InputError(f"cannot read {label}{path}: {error.strerror}") from None
+    if len(raw) > limit_bytes:
+        raise InputError(f"{label}{path} is larger than {limit_bytes} bytes")
+    return raw
+
+
+def read_json(path: Path, limit_bytes: int, label: str = "") -> object:
+    """The JSON value in `path` (read as `read_at_most`); InputError naming the file and what is
+    wrong when it is not UTF-8 JSON that Python can hold."""
+    raw = read_at_most(path, limit_bytes, label)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as error:
+        raise InputError(f"{label}{path} is not UTF-8 text: byte {error.start} cannot be "
+                         "decoded") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{label}{path} is not JSON: line {error.lineno}: {error.msg}") from None
+    except ValueError as error:  # an integer past Python's digit limit, say
+        raise InputError(f"{label}{path} is not usable JSON: {str(error).split(';')[0]}") \
+            from None
+    except RecursionError:
+        raise InputError(f"{label}{path} is nested too deeply to be read") from None
+
+
+def check_writable(path: Path, option: str) -> None:
+    """InputError naming `option` unless a file can be written at `path` (nothing is created)."""
+    directory = path.parent
+    if path.is_dir():
+        raise InputError(f"{option} {path} is a directory; name a file")
+    if not directory.is_dir():
+        raise InputError(f"{option} {path}: the directory {directory} does not exist")
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(directory, os.W_OK | os.X_OK)
+    if not writable:
+        raise InputError(f"{option} {path}: permission denied")
