@@ -15,9 +15,9 @@ from controlplane.commands.base import (
     NodeId,
 )
 from controlplane.commands.memory import ModelMemorySpec
+from controlplane.policies.parallelism import MAX_GPUS_PER_NODE  # one bound: a plan's and a node's
 
 Capability = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
-MAX_GPUS_PER_NODE = 64
 
 
 class GpuSpec(Frozen):

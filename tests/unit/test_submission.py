@@ -91,3 +91,19 @@ def test_a_commands_cached_time_and_type_follow_a_copy_that_changes_them() -> No
     assert command.occurred_at == "2026-11-30T12:00:00.000000Z"
     assert later.payload()["at"] == "2026-11-30T13:00:00Z" and "occurred_at" not in later.payload()
     assert command == parse_submission(json.dumps(command.payload()))[0]  # caches are not fields
+
+
+def register_node(gpus: int) -> dict[str, object]:
+    return {"type": "RegisterNode", "command_id": "node-big", "node_id": "big",
+            "gpus": [{"gpu_id": f"g{i}", "gpu_type": "GB200", "memory_gib": 186.0}
+                     for i in range(gpus)]}
+
+
+def test_a_node_as_large_as_a_plan_may_describe_registers_and_one_gpu_more_is_refused() -> None:
+    from controlplane.policies.parallelism import MAX_GPUS_PER_NODE
+
+    # An NVL72 domain (72 GPUs, one node) and the largest node a plan's topology may have.
+    for gpus in (72, MAX_GPUS_PER_NODE):
+        [node] = parse_submission(lines(register_node(gpus)))
+        assert len(node.payload()["gpus"]) == gpus
+    assert problems_of(lines(register_node(MAX_GPUS_PER_NODE + 1))) == [(1, "gpus")]
