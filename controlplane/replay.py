@@ -48,9 +48,11 @@ def fold(events: Iterator[RecordedEvent], progress: ProgressFn | None = None) \
     return state
 
 
-def state_at(store: EventStore, position: int | None = None) -> MemoryProjections:
-    """The fleet state as of `position` (the whole log when None)."""
-    return fold(store.read_all(to_position=position))
+def state_at(store: EventStore, position: int | None = None,
+             progress: ProgressFn | None = None) -> MemoryProjections:
+    """The fleet state as of `position` (the whole log when None); `progress` is told the
+    events folded, every 10,000."""
+    return fold(store.read_all(to_position=position), progress)
 
 
 def _canonical(value: Any) -> str:
@@ -85,22 +87,24 @@ def diff_tables(live: dict[str, dict[str, Any]], rebuilt: dict[str, dict[str, An
     return differences
 
 
-def compare_with_live(store: EventStore) -> list[dict[str, Any]]:
+def compare_with_live(store: EventStore, progress: ProgressFn | None = None) \
+        -> list[dict[str, Any]]:
     """Rebuild every projection in memory and list where the live tables differ, both as of one
     head: the live rows are read with it (`EventStore.snapshot`), the log folded up to it, so
-    what other processes append meanwhile is in neither."""
+    what other processes append meanwhile is in neither. `progress` as for `state_at`."""
     with store.snapshot() as conn:
         head, _ = store.head(conn)
         live = load_all(conn)
-    return diff_tables(live, state_at(store, head).snapshot())
+    return diff_tables(live, state_at(store, head, progress).snapshot())
 
 
 PROJECTIONS_REBUILT = "ProjectionsRebuilt"
 MAINTENANCE_STREAM = "maintenance/projections"
 
 
-def rebuild_live(store: EventStore) -> int:
-    """Drop the live projections and write them again from the log; returns events folded.
+def rebuild_live(store: EventStore, progress: ProgressFn | None = None) -> int:
+    """Drop the live projections and write them again from the log; returns events folded
+    (`progress` is told how many, every 10,000).
 
     The fold runs in memory under the append lock and only its final rows are written, in the
     same transaction, so nobody sees a half-built state and the write buffer holds the bounded
@@ -115,6 +119,8 @@ def rebuild_live(store: EventStore) -> int:
         for event in store.read_all(to_position=tx.head_position):
             apply_event(state, event)
             count += 1
+            if progress is not None and count % 10_000 == 0:
+                progress(count)
         for name, rows in state.tables.items():
             for key, value in rows.items():
                 tx.projections.put(name, key, value)

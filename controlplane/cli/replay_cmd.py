@@ -65,14 +65,17 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
     report: dict[str, Any] = {}
     failed = False
     if rebuild:
-        report["rebuilt_events"] = rebuild_live(store)
+        with progress("rebuild: events folded", store.head()[0]) as report_progress:
+            report["rebuilt_events"] = rebuild_live(store, report_progress)
     if to_position is not None:
         # As `status --at`: a position past the head is the head, and the report says which.
         to_position = min(to_position, store.head()[0])
         report["position"] = to_position
-        report["state"] = state_at(store, to_position).snapshot()
+        with progress("replay: events folded", to_position) as report_progress:
+            report["state"] = state_at(store, to_position, report_progress).snapshot()
     elif not (verify_ or policy_file):
-        report["projection_differences"] = compare_with_live(store)
+        with progress("replay: events folded", store.head()[0]) as report_progress:
+            report["projection_differences"] = compare_with_live(store, report_progress)
         failed = bool(report["projection_differences"])
     if verify_ or policy_file:
         policies = PolicyBook(overrides)

@@ -174,28 +174,34 @@ def log_of_decisions_and_many_events(tmp_path: Path, url: str, events: int) -> i
     return head
 
 
-@pytest.mark.parametrize("args", [["--verify"], ["--verify", "--json"], ["--policy"]],
-                         ids=["verify", "verify_json", "what_if"])
+@pytest.mark.parametrize(("args", "label"), [
+    (["--verify"], "verify: events read"), (["--verify", "--json"], "verify: events read"),
+    (["--policy"], "what-if: events read"), ([], "replay: events folded"),
+    (["--to", "HEAD"], "replay: events folded"), (["--rebuild"], "rebuild: events folded")],
+    ids=["verify", "verify_json", "what_if", "compare", "to", "rebuild"])
 def test_replay_shows_events_read_out_of_the_head_on_a_terminal(
-        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch, args: list[str]) -> None:
-    # Before, `replay --verify` read a 100,000-event log for ~20 s printing nothing.
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch, args: list[str],
+        label: str) -> None:
+    # Before, `replay --verify` read a 100,000-event log for ~20 s printing nothing, and plain
+    # `replay`, `--to` and `--rebuild` fold the whole log as silently.
     head = log_of_decisions_and_many_events(tmp_path, embedded, 20_000)
     if args == ["--policy"]:
         policy = tmp_path / "policy.json"
         policy.write_text("{}")
         args = ["--policy", str(policy)]
+    args = [str(head) if arg == "HEAD" else arg for arg in args]
     monkeypatch.setattr(output, "stderr_is_terminal", lambda: True)
     result = run_cli("replay", *args)
     assert result.exit_code == 0, result.stderr
-    label = "what-if: events read" if "--policy" in args else "verify: events read"
     assert label in result.stderr
     assert f"20000/{head}" in result.stderr
     if "--json" in args:  # the bar is on stderr: stdout is the report alone
         assert json.loads(result.output)["decisions_checked"] == 1
 
 
-@pytest.mark.parametrize("args", [["--verify"], ["--verify", "--json"], []],
-                         ids=["verify", "verify_json", "compare"])
+@pytest.mark.parametrize("args", [["--verify"], ["--verify", "--json"], [], ["--to", "3"],
+                                  ["--rebuild"]],
+                         ids=["verify", "verify_json", "compare", "to", "rebuild"])
 def test_replay_writes_nothing_to_stderr_when_it_is_not_a_terminal(
         tmp_path: Path, embedded: str, args: list[str]) -> None:
     log_of_decisions_and_many_events(tmp_path, embedded, 10_000)
