@@ -29,17 +29,26 @@ class Submitted:
 STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
 
 
-def _run_embedded_if_needed(settings: Settings, connection: Redis) -> bool:
-    """With no real Redis and no `fleetctl up`, the work happens here and now."""
+# Said when commands are still undecided at a deadline, by where the work runs.
+WORKERS_HINT = "are workers running? (`fleetctl worker`)"
+EMBEDDED_HINT = "the rest stay in the inbox: `fleetctl reconcile` decides them"
+
+
+def _run_embedded_if_needed(settings: Settings, connection: Redis,
+                            deadline: float | None = None) -> bool:
+    """With no real Redis and no `fleetctl up`, the work happens here and now (until
+    `deadline`, a `time.monotonic()` instant, if given)."""
     if redis_url_in_use(settings) is not None:
         return False
-    _work_in_process(connection, settings.queues)
+    _work_in_process(connection, settings.queues, deadline)
     return True
 
 
-def _work_in_process(connection: Redis, queues: Sequence[str]) -> None:
+def _work_in_process(connection: Redis, queues: Sequence[str],
+                     deadline: float | None = None) -> None:
     """Decide the queued jobs here; on SIGINT or SIGTERM, stop after the job in hand and raise
-    KeyboardInterrupt (the undecided commands stay in the inbox).
+    KeyboardInterrupt (the undecided commands stay in the inbox). Past `deadline` it stops
+    after the job in hand too, and returns: the commands not decided stay in the inbox.
 
     The stop signals are blocked while the worker runs and looked for between jobs: RQ's worker
     installs handlers that call Redis, and one that interrupts a call into the in-process fake
@@ -51,9 +60,13 @@ def _work_in_process(connection: Redis, queues: Sequence[str]) -> None:
     ours = {signum for signum in STOP_SIGNALS
             if signum not in previous_mask and handlers[signum] is not signal.SIG_IGN}
     stopped = False
+
+    def stop_when() -> bool:
+        return bool(ours & signal.sigpending()) or (
+            deadline is not None and time.monotonic() >= deadline)
+
     try:
-        work(connection, queues, burst=True, forking=False,
-             stop_when=lambda: bool(ours & signal.sigpending()))
+        work(connection, queues, burst=True, forking=False, stop_when=stop_when)
     finally:
         while ours and signal.sigtimedwait(ours, 0) is not None:
             stopped = True
@@ -65,18 +78,18 @@ def _work_in_process(connection: Redis, queues: Sequence[str]) -> None:
 
 
 def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase],
-           lines: Sequence[int] | None = None) -> Submitted:
+           lines: Sequence[int] | None = None, deadline: float | None = None) -> Submitted:
     """Record `commands` in the inbox, then enqueue those still undecided in batches.
 
     A malformed Redis URL is refused before anything is written. The inbox is written first:
     if enqueueing fails, `reconcile` finds the commands later, and submitting them again
-    enqueues them again.
+    enqueues them again. On the embedded queue the work runs here, until `deadline` if given.
     """
     connection = queue_connection(settings)
     accepted = accept(store, commands, lines)
     undecided = _with_undecided_resubmissions(store, commands, accepted)
     job_ids = enqueue_commands(reachable(connection), settings, undecided)
-    ran = _run_embedded_if_needed(settings, connection)
+    ran = _run_embedded_if_needed(settings, connection, deadline)
     return Submitted(accepted, job_ids, ran)
 
 
@@ -91,19 +104,22 @@ def _with_undecided_resubmissions(store: EventStore, commands: Sequence[CommandB
     return [*accepted, *(c for c in submitted if c in pending and c not in fresh)]
 
 
-def reconcile(settings: Settings, store: EventStore) -> Submitted:
+def reconcile(settings: Settings, store: EventStore, deadline: float | None = None) -> Submitted:
     """Re-enqueue every accepted command that has no decision (after Redis lost its queue), and
-    every decided one whose resumable effects are undone (a worker died after deciding it)."""
+    every decided one whose resumable effects are undone (a worker died after deciding it).
+    On the embedded queue the work runs here, until `deadline` if given."""
     pending = list(dict.fromkeys([*pending_command_ids(store), *unfinished_command_ids(store)]))
     connection = connect(settings)
     job_ids = enqueue_commands(connection, settings, pending)
-    ran = _run_embedded_if_needed(settings, connection)
+    ran = _run_embedded_if_needed(settings, connection, deadline)
     return Submitted(pending, job_ids, ran)
 
 
-def wait_for_decisions(store: EventStore, command_ids: Sequence[str],
-                       timeout_seconds: float) -> list[Outcome]:
-    """Poll the log until every command is decided; OperationalError on timeout."""
+def wait_for_decisions(store: EventStore, command_ids: Sequence[str], timeout_seconds: float,
+                       hint: str = WORKERS_HINT, poll: bool = True) -> list[Outcome]:
+    """Poll the log until every command is decided; OperationalError on timeout, ending with
+    `hint`. With `poll` false the time is already up (the work ran here and stopped): look
+    once."""
     deadline = time.monotonic() + timeout_seconds
     delay = 0.05
     while True:
@@ -111,10 +127,9 @@ def wait_for_decisions(store: EventStore, command_ids: Sequence[str],
         remaining = [c for c in command_ids if c in pending]
         if not remaining:
             break
-        if time.monotonic() > deadline:
+        if not poll or time.monotonic() > deadline:
             raise OperationalError(
-                f"{len(remaining)} command(s) undecided after {timeout_seconds:g}s; "
-                "are workers running? (`fleetctl worker`)")
+                f"{len(remaining)} command(s) undecided after {timeout_seconds:g}s; {hint}")
         time.sleep(delay)
         delay = min(delay * 2, 1.0)
     by_command = store.events_for_commands(command_ids)

@@ -34,7 +34,7 @@ from controlplane.settings import Settings
 from controlplane.state.plan import EVENT_STAGES, FLEET_PLAN_STARTED, plan_stream
 from events.model import RecordedEvent
 from events.store import EventStore
-from workers.pipeline import reconcile, submit
+from workers.pipeline import WORKERS_HINT, reconcile, submit
 
 EXIT_READY, EXIT_NOT_READY = 0, 1
 # Only a guard on what is read: the limit that counts, MAX_SCENARIO_BYTES of canonical JSON, is
@@ -67,23 +67,29 @@ def _settled(events: list[RecordedEvent], plan_command: str) -> bool:
 
 def decide_plan(settings: Settings, store: EventStore, scenario: dict[str, Any], plan_id: str,
                 timeout_seconds: float) -> list[RecordedEvent]:
-    """Submit the plan (unless already recorded) and wait for its grade; its stream's events."""
+    """Submit the plan (unless already recorded) and wait for its grade, at most
+    `timeout_seconds` (on the embedded queue the stages run here, and stop after the one in
+    hand at the deadline: the rest stay in the inbox); its stream's events."""
     command_id = plan_command_id(plan_id)
     stream = plan_stream(plan_id)
+    deadline = time.monotonic() + timeout_seconds
+    hint = WORKERS_HINT
     events = store.read_stream(stream)
     if not _settled(events, command_id):
         submitted = submit(settings, store, [PlanFleet(command_id=command_id, plan_id=plan_id,
-                                                       scenario=scenario)])
+                                                       scenario=scenario)], deadline=deadline)
         events = store.read_stream(stream)
         if submitted.ran_in_process and not _settled(events, command_id):
             # Embedded queue: an earlier process may have stopped mid-chain; finish it here.
-            reconcile(settings, store)
-    deadline = time.monotonic() + timeout_seconds
+            reconcile(settings, store, deadline)
+        if submitted.ran_in_process:
+            hint, deadline = "its remaining stages stay in the inbox: run the same plan again " \
+                "(or `fleetctl reconcile`) to finish them", 0.0  # nothing else will decide them
     delay = 0.02
     while not _settled(events := store.read_stream(stream), command_id):
         if time.monotonic() > deadline:
             raise OperationalError(f"plan {plan_id} is not graded after {timeout_seconds:g}s; "
-                                   "are workers running? (`fleetctl worker`)")
+                                   f"{hint}")
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
     return events

@@ -23,9 +23,9 @@ from events.database import migrate
 from events.store import EventStore
 from workers.connections import connect, redis_url_in_use
 from workers.outage import mark_queue
+from workers.pipeline import EMBEDDED_HINT, wait_for_decisions
 from workers.pipeline import reconcile as reconcile_pending
 from workers.pipeline import submit as submit_commands
-from workers.pipeline import wait_for_decisions
 from workers.runner import EmbeddedRedisServer, advertise, serve, spawn_worker_processes, work
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -99,14 +99,20 @@ def submit(ctx: click.Context, source: str, wait: bool, timeout_seconds: float,
 
 def _submit(commands: list[CommandBase], lines: list[int], settings: Settings,
             store: EventStore, wait: bool, timeout_seconds: float, as_json: bool) -> None:
-    result = submit_commands(settings, store, commands, lines)
+    # --wait bounds the work, also where it runs in this process (embedded): the decisions
+    # not made by then stay in the inbox. Without it the embedded queue decides everything.
+    deadline = time.monotonic() + timeout_seconds if wait else None
+    result = submit_commands(settings, store, commands, lines, deadline)
     report: dict[str, Any] = {"accepted": len(result.accepted_ids),
                               "already_accepted": len(commands) - len(result.accepted_ids),
                               "jobs": len(result.job_ids),
                               "decided_in_process": result.ran_in_process}
     if wait or result.ran_in_process:
         ids = list(dict.fromkeys(c.command_id for c in commands))
-        outcomes = wait_for_decisions(store, ids, timeout_seconds)
+        if result.ran_in_process:  # the work is over: whatever is undecided now stays so
+            outcomes = wait_for_decisions(store, ids, timeout_seconds, EMBEDDED_HINT, poll=False)
+        else:
+            outcomes = wait_for_decisions(store, ids, timeout_seconds)
         report["decisions"] = [o.summary() for o in outcomes]
         emit(report, as_json, lambda _: _render_outcomes(outcomes))
         return

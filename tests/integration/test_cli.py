@@ -182,6 +182,24 @@ def test_a_malformed_redis_url_is_refused_before_anything_is_written(
     assert log_size(embedded) == 0
 
 
+def test_an_embedded_submit_wait_stops_at_its_timeout_and_reconcile_decides_the_rest(
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The decisions run in this process: before, --timeout was never looked at there.
+    monkeypatch.setenv("FLEET_BATCH_SIZE", "1")  # a job a command: the stop comes between them
+    source = write_lines(tmp_path / "c.jsonl", *(assess_memory(name) for name in "abc"))
+    result = run_cli("submit", str(source), "--wait", "--timeout", "1e-6")
+    assert result.exit_code == 3
+    assert result.stderr == ("error: 2 command(s) undecided after 1e-06s; the rest stay in the "
+                             "inbox: `fleetctl reconcile` decides them\n")
+    assert log_size(embedded) == 4  # three accepted, the first decided
+    assert run_cli("reconcile").exit_code == 0
+    assert log_size(embedded) == 6
+    # Without --wait the embedded queue decides everything, whatever --timeout says.
+    more = write_lines(tmp_path / "d.jsonl", *(assess_memory(name) for name in "def"))
+    assert run_cli("submit", str(more), "--timeout", "1e-6").exit_code == 0
+    assert log_size(embedded) == 12
+
+
 def test_resubmitting_commands_accepted_but_undecided_decides_them(
         tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch) -> None:
     source = write_lines(tmp_path / "c.jsonl", assess_memory("a"), assess_memory("b"))

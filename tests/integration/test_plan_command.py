@@ -30,7 +30,7 @@ from controlplane.policies.reasons import PolicyInputError
 from controlplane.policy_book import PolicyBook
 from controlplane.replay import state_at, verify_decisions
 from controlplane.runtime import open_store
-from controlplane.service import accept
+from controlplane.service import accept, pending_command_ids
 from controlplane.state.plan import EVENT_STAGES, FLEET_PLAN, FLEET_PLAN_STARTED
 from events.store import EventStore
 from tests.cli_helpers import run_cli
@@ -329,6 +329,19 @@ def test_a_plan_left_undecided_by_an_earlier_process_is_finished_by_the_next_run
                              scenario=scenario_plain("default"))])  # accepted, never enqueued
     run = plan_cli(SCENARIOS / "default.json", tmp_path / "finished.json")
     assert run.exit_code == 0 and run.text == planned.runs["default"].text
+
+
+def test_on_the_embedded_queue_the_timeout_stops_the_stages_and_a_rerun_finishes_them(
+        embedded: str, tmp_path: Path, planned: Planned) -> None:
+    # The stages run in this process: before, --timeout was never looked at there.
+    stopped = plan_cli(SCENARIOS / "default.json", tmp_path / "stopped.json", "--timeout", "1e-6")
+    assert stopped.exit_code == 3 and not stopped.text
+    assert "not graded after 1e-06s" in stopped.stderr
+    assert "run the same plan again" in stopped.stderr
+    assert pending_command_ids(open_store(embedded))  # its next stage waits in the inbox
+    run = plan_cli(SCENARIOS / "default.json", tmp_path / "finished.json")
+    assert run.exit_code == 0 and run.text == planned.runs["default"].text
+    assert not pending_command_ids(open_store(embedded))
 
 
 # --- bad input is refused and writes nothing -------------------------------------------------
