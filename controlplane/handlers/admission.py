@@ -51,6 +51,7 @@ from controlplane.policies.admission import (
     decide_admission,
     promote,
     release,
+    shed_without_capacity,
 )
 from controlplane.policies.admission_records import SETTLED, settled_record_expired
 from controlplane.policies.reasons import PolicyInputError, Reason
@@ -175,20 +176,20 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
     walked: tuple[AdmissionDecision, ...] = ()
     walked_rows: dict[str, dict[str, Any]] = {}
     live, queue = admission["live_tokens"], tuple(admission["queue"])
-    if capacity.budget_tokens == 0:
-        reason = Reason("no_ready_capacity", "the pool has no ready replica to reserve tokens on", {
-            "request_tokens": request.maximum_live_tokens, "live_tokens": admission["live_tokens"],
-            "queued_requests": len(admission["queue"]), "retryable": bool(capacity.warming),
-            "retry_with_new_id": True})
-        decision = AdmissionDecision(command.request_id, AdmissionAction.SHED, 0, (reason,))
-    else:
-        rules = admission_policy(policy, capacity.budget_tokens)
-        try:
+    try:
+        if capacity.budget_tokens == 0:
+            decision = shed_without_capacity(
+                request, now, command.estimated_queue_seconds,
+                admission_policy(policy).max_tokens_per_request,
+                {"live_tokens": admission["live_tokens"],
+                 "queued_requests": len(admission["queue"])}, retryable=bool(capacity.warming))
+        else:
+            rules = admission_policy(policy, capacity.budget_tokens)
             walked, walked_rows, (live, queue) = _walk_at_the_door(ctx, admission, now, rules)
             decision = decide_admission(PoolState(live, queue), request, now,
                                         command.estimated_queue_seconds, rules)
-        except PolicyInputError as error:
-            return rejection(command, ctx, error, f"request/{command.request_id}")
+    except PolicyInputError as error:
+        return rejection(command, ctx, error, f"request/{command.request_id}")
     sequences = settled_sequences(admission)
     followers = walked_events(command, ctx, walked, walked_rows, command.pool_id, now, policy,
                               inputs, [], sequences)
@@ -288,7 +289,10 @@ HANDLERS: dict[str, Handler] = {
 RULES_VERSIONS: dict[str, int] = {
     # 2: an arrival first sheds the queue heads past their deadline or token bound, and admits
     #    the heads that then fit, before it is judged.
-    "AdmitRequest": 2,
+    # 3: a pool with no ready capacity sheds a request over the token bound for that (not
+    #    retryable), not as `no_ready_capacity`; a start predicted at the deadline to within a
+    #    microsecond queues (sums at epoch seconds had rounded past it and shed).
+    "AdmitRequest": 3,
     # 2: a promoted head whose tokens exceed a lowered `max_tokens_per_request` is shed.
     "ReleaseRequest": 2,
 }

@@ -36,7 +36,7 @@ from controlplane.policies.reasons import PolicyInputError, Reason, require
 
 __all__ = ["AdmissionAction", "AdmissionController", "AdmissionDecision", "AdmissionPolicy",
            "AdmissionRecord", "AdmissionRequest", "PoolState", "admit", "apply_decision",
-           "decide_admission", "promote", "release"]
+           "decide_admission", "promote", "release", "shed_without_capacity"]
 
 
 _TRANSITIONS = {AdmissionAction.QUEUE: (AdmissionAction.ADMIT, AdmissionAction.SHED,
@@ -80,6 +80,31 @@ def _validate_request(request: AdmissionRequest, estimated_queue_seconds: float)
             "the queue estimate must be finite and non-negative")
 
 
+def _later(time: float, deadline: float) -> bool:
+    """Whether `time` is after `deadline` by more than half a microsecond, the resolution of
+    the commands' times: a start predicted exactly at the deadline passes (spec §1.8), also
+    when the sum of a time and an estimate rounds up, as at epoch seconds it often does
+    (1796043600.002 + 0.2 gives 1796043600.2020001)."""
+    return time > deadline and not math.isclose(time, deadline, rel_tol=0, abs_tol=5e-7)
+
+
+def shed_without_capacity(request: AdmissionRequest, now: float, estimated_queue_seconds: float,
+                          max_tokens_per_request: int, facts: Mapping[str, object],
+                          retryable: bool) -> AdmissionDecision:
+    """A pool with no ready capacity sheds every new request, but the request's own faults come
+    first, as in `decide_admission` (spec §1.8): it is validated, and one over the token bound
+    is shed for that, never as retryable (no capacity can ever admit it)."""
+    _validate_time(now)
+    _validate_request(request, estimated_queue_seconds)
+    tokens = request.maximum_live_tokens
+    if tokens > max_tokens_per_request:
+        return _shed(request, "token_bound_exceeded", "request token bound exceeds policy", False,
+                     {**facts, "request_tokens": tokens,
+                      "max_tokens_per_request": max_tokens_per_request})
+    return _shed(request, "no_ready_capacity", "the pool has no ready replica to reserve tokens on",
+                 retryable, {**facts, "request_tokens": tokens})
+
+
 def _shed(request: AdmissionRequest, code: str, message: str, retryable: bool,
           facts: Mapping[str, object]) -> AdmissionDecision:
     reason = Reason(code, message, {**facts, "retryable": retryable, "retry_with_new_id": True})
@@ -119,7 +144,7 @@ def decide_admission(state: PoolState, request: AdmissionRequest, now: float,
                         {**facts, "live_tokens_after": state.live_tokens + tokens})
         return AdmissionDecision(request.identifier, AdmissionAction.ADMIT, tokens, (reason,))
     predicted_start = now + estimated_queue_seconds
-    if predicted_start > request.deadline_at_seconds:
+    if _later(predicted_start, request.deadline_at_seconds):
         return _shed(request, "predicted_wait_misses_deadline",
                      "predicted queue wait misses the request deadline", True,
                      {**facts, "estimated_queue_seconds": estimated_queue_seconds,

@@ -170,6 +170,38 @@ def test_a_pool_with_only_warming_replicas_sheds_for_no_ready_capacity(store: Ev
     assert_replay_exact(store)
 
 
+def test_a_request_over_its_token_bound_is_shed_for_the_bound_even_with_no_ready_capacity(
+        store: EventStore) -> None:
+    # Spec §1.8: the request's own bound comes before the pool's capacity. Before, a pool with
+    # only warming replicas shed it as `no_ready_capacity`, retryable: a retry never can pass.
+    run(store, register_node("n1"), register_model(), set_admission(max_tokens_per_request=1_000),
+        place_replica("r1"), admit("big", 8_000), admit("small", 800))
+    big, small = decision(store, "admit-big"), decision(store, "admit-small")
+    assert [r["code"] for r in big.data["reasons"]] == ["token_bound_exceeded",
+                                                         "scale_up_still_warming"]
+    assert reason(big)["facts"]["retryable"] is False
+    assert reason(big)["facts"]["max_tokens_per_request"] == 1_000
+    assert reason(small)["code"] == "no_ready_capacity" and reason(small)["facts"]["retryable"]
+    assert_replay_exact(store)
+
+
+@pytest.mark.parametrize(("deadline", "outcome"), [("13:00:00.202", "queue"),
+                                                   ("13:00:00.201999", "shed")])
+def test_a_start_predicted_at_the_deadline_queues_to_the_microsecond(
+        store: EventStore, deadline: str, outcome: str) -> None:
+    # Spec §1.8: equality passes. At epoch seconds 13:00:00.002 + 0.2 s sums to a float just
+    # past 13:00:00.202, so it was shed; a microsecond late is still late.
+    budget = ready_pool(store, "r1")["r1"]
+    edge = {**admit("edge", 10, estimate=0.2), "at": "2026-11-30T13:00:00.002Z",
+            "deadline_at": f"2026-11-30T{deadline}Z"}
+    run(store, admit("fill", budget, second=0), edge)
+    judged = decision(store, "admit-edge")
+    assert judged.data["outcome"] == outcome
+    if outcome == "shed":
+        assert reason(judged)["code"] == "predicted_wait_misses_deadline"
+    assert_replay_exact(store)
+
+
 def test_admission_figures_and_fifo_promotion_each_its_own_decision(store: EventStore) -> None:
     budget = ready_pool(store, "r1", max_queued_requests=2)["r1"]
     run(store, admit("big", budget - 100, second=1), admit("head", 300, second=2),

@@ -174,6 +174,19 @@ def test_deadline_equality_passes(pool: AdmissionController) -> None:
     assert edge.action is QUEUE
 
 
+def test_deadline_equality_passes_at_epoch_seconds_where_the_sum_rounds_up(
+        pool: AdmissionController) -> None:
+    now, deadline = 1_796_043_600.002, 1_796_043_600.202
+    assert now + 0.2 > deadline  # the float sum lands past the deadline it equals
+    pool.decide(request("active", 40, 40, deadline=now + 99), now=now, estimated_queue_seconds=0)
+    edge = pool.decide(request("edge", 10, 20, deadline=deadline), now=now,
+                       estimated_queue_seconds=0.2)
+    assert edge.action is QUEUE
+    late = pool.decide(request("late", 10, 20, deadline=deadline - 1e-6), now=now,
+                       estimated_queue_seconds=0.2)
+    assert code(late) == "predicted_wait_misses_deadline"
+
+
 def test_release_promotes_the_queue_in_fifo_order_while_it_fits() -> None:
     pool = AdmissionController(AdmissionPolicy(100, 3, 100))
     pool.decide(request("big", 50, 50, 99), now=0, estimated_queue_seconds=0)
