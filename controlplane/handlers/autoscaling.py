@@ -50,7 +50,9 @@ from controlplane.policies.reasons import PolicyInputError, Reason
 from controlplane.state.admission import ADMISSION
 from controlplane.state.autoscaling import (
     AUTOSCALER,
+    DEMAND_FIELDS,
     SCALE_DECIDED,
+    demand_of,
     empty_autoscaler,
     next_window,
     observation_key,
@@ -241,6 +243,8 @@ def _result(command: ObserveLoad, decision: ScaleDecision, state: ScaleState,
     keep_from = _keep_from(window, seconds(command.at), stabilization)
     limit = parameters["max_window_observations"]
     bucket = window_bucket_seconds(stabilization, limit)
+    # What the fold merges the kept window by: this decision's demand rule.
+    window_demand = {name: parameters[name] for name in DEMAND_FIELDS}
     return {"pool_id": command.pool_id, "action": decision.action.value,
             "target_replicas": decision.target_replicas,
             "calculated_demand_replicas": decision.calculated_demand_replicas,
@@ -249,8 +253,9 @@ def _result(command: ObserveLoad, decision: ScaleDecision, state: ScaleState,
             "desired_replicas_after": decision.target_replicas,
             "ready_replicas": state.ready_replicas, "warming_replicas": state.warming_replicas,
             "observations": _fresh(command), "window_keep_from_seconds": keep_from,
-            "window_limit": limit, "window_bucket_seconds": bucket,
-            "window_size_after": len(next_window(window, keep_from, limit, bucket))}
+            "window_limit": limit, "window_bucket_seconds": bucket, "window_demand": window_demand,
+            "window_size_after": len(next_window(window, keep_from, limit, bucket,
+                                                 demand_of(window_demand)))}
 
 
 def _reads(command: CommandBase) -> list[tuple[str, str]]:
@@ -266,7 +271,9 @@ RULES_VERSIONS: dict[str, int] = {
     # 2: the kept window keeps its oldest observation and merges the middle per span; a
     #    scale-up with no replica to copy is a hold.
     # 3: a scale-down never releases capacity admitted requests still hold.
-    "ObserveLoad": 3,
+    # 4: the kept window merges a span into its observation of the highest demand, not into
+    #    the largest queued tokens and arrival rate of any (a demand none of them had).
+    "ObserveLoad": 4,
 }
 READS: dict[str, Reads] = {"ObserveLoad": _reads}
 STREAMS: dict[str, Streams] = {"ObserveLoad": _streams}

@@ -26,6 +26,7 @@ from workers.runner import work
 
 POOL = "chat"
 SERVICE = 100.0  # tokens/s per replica at full utilisation: demand = ceil(arrival / 100)
+OBSERVE_LOAD_RULES = autoscaling.RULES_VERSIONS["ObserveLoad"]  # today's, recorded by decisions
 
 
 pytestmark = pytest.mark.usefixtures("embedded_queue")
@@ -129,7 +130,7 @@ def test_a_scale_up_inside_the_cooldown_holds_and_what_if_a_shorter_cooldown_wou
     run(store, observe("load-1", 10, arrival=150.0))
     run(store, observe("load-2", 40, arrival=350.0))
     held = decision(store, "load-2")
-    assert (held.data["outcome"], held.data["rules_version"]) == ("hold", 3)
+    assert (held.data["outcome"], held.data["rules_version"]) == ("hold", OBSERVE_LOAD_RULES)
     assert held.data["reasons"][0]["code"] == "scale_up_inside_cooldown"
     assert held.data["causes"] == [decision(store, "load-1").event_id]  # the change it waits on
     policy_file = tmp_path / "policy.json"
@@ -214,6 +215,29 @@ def test_a_peak_merged_into_the_kept_window_still_holds_the_scale_down_while_ins
     assert_replay_exact(store)
 
 
+def test_a_merged_span_keeps_a_real_observation_so_the_scale_down_goes_to_the_real_peak(
+        store: EventStore) -> None:
+    """A backlog of two replicas' demand at 10 s and arrivals of two replicas' demand at 20 s
+    fall in one span of the kept window (four kept, spans of 60 s). Spec §1.10: a scale-down
+    goes to the highest demand in the window, 2. The span had merged into the largest queued
+    tokens and arrival rate of either (2,000 queued and 200 tokens/s: demand 4, which no
+    observation had), so the pool went to 4."""
+    run(store, *fleet("r1", "r2", "r3", "r4", "r5", scale_down_stabilization_seconds=60.0,
+                      max_window_observations=4, queue_drain_seconds=10.0,
+                      scale_up_cooldown_seconds=0.0))
+    for second, arrival, queued in ((0, 0.0, 0), (10, 0.0, 2_000), (20, 200.0, 0), (30, 0.0, 0),
+                                    (40, 0.0, 0), (70, 0.0, 0)):
+        run(store, observe(f"obs-{second}", second, arrival=arrival, queued=queued))
+    scaled = decision(store, "obs-70")
+    assert scaled.data["outcome"] == "scale_down"
+    assert scaled.data["result"]["target_replicas"] == 2
+    window = state_at(store).get("autoscaler", POOL)
+    assert window is not None
+    real = {(0, 0.0), (2_000, 0.0), (0, 200.0)}
+    assert {(o["queued_tokens"], o["arrival_tokens_per_second"]) for o in window["window"]} <= real
+    assert_replay_exact(store)
+
+
 def test_a_scale_up_with_no_replica_to_copy_is_a_hold_that_starts_no_cooldown(
         store: EventStore) -> None:
     """The pool's first placement is refused (no node yet), so the autoscaler has nothing to
@@ -268,7 +292,7 @@ def test_a_scale_down_never_releases_capacity_that_admitted_requests_still_hold(
     assert decision(store, "admit-big").event_type == "RequestAdmitted"
     run(store, observe("low-301", 301, arrival=50.0))
     held = decision(store, "low-301")
-    assert (held.data["outcome"], held.data["rules_version"]) == ("hold", 3)
+    assert (held.data["outcome"], held.data["rules_version"]) == ("hold", OBSERVE_LOAD_RULES)
     assert held.data["result"]["releases"] == []
     assert held.data["result"]["target_replicas"] == 3
     assert held.data["result"]["last_scale_at_seconds"] is None
@@ -339,7 +363,7 @@ def test_a_scale_down_recorded_under_the_previous_rules_drifts_as_an_upgrade_not
 
     report = verify_decisions(store)
     assert [(d.command_id, d.rules_version, d.current_rules_version, d.older_rules)
-            for d in report.drifts] == [("low-301", 2, 3, True)]
+            for d in report.drifts] == [("low-301", 2, OBSERVE_LOAD_RULES, True)]
     assert report.drifts[0].rederived["outcome"] == "hold"
     assert report.unexplained == []
 
