@@ -162,7 +162,9 @@ RULES_VERSIONS: dict[str, int] = {
     #    twice); a figure overflowing a float (scaling's ready capacity, times, queued tokens,
     #    an evidence age) refuses the stage naming the scenario field (it failed as
     #    `decision_failed`); the layout stage refuses gpus_per_node above 1,024.
-    "DecidePlanStage": 2,
+    # 3: the canary gate passes a quality drop or throughput ratio equal to its limit but for
+    #    float rounding (`policies.gates`).
+    "DecidePlanStage": 3,
 }
 HANDLERS: dict[str, Handler] = {
     "PlanFleet": handle_plan_fleet,

@@ -263,7 +263,11 @@ PRECHECKS: dict[str, Precheck] = {"StartRollout": precheck_start_rollout}
 # Versions of the decision rules, each with what changed (see `handlers/base.py`).
 RULES_VERSIONS: dict[str, int] = {
     # 2: a canary rung is cleared only by evidence measured on it.
-    "EvaluateCanary": 2,
+    # 3: a quality drop or throughput ratio equal to its limit but for float rounding passes
+    #    (`policies.gates`; 0.90 - 0.87 had exceeded a 0.03 allowance).
+    "EvaluateCanary": 3,
+    # 2: the quantization gate as EvaluateCanary's version 3.
+    "RecordCanaryMeasurement": 2,
 }
 # A measurement issues its rollout's evaluation to the inbox.
 STREAMS: dict[str, Streams] = {"RecordCanaryMeasurement": lambda command: [INBOX_STREAM]}

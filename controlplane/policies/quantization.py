@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from controlplane.policies.gates import below, exceeds
 from controlplane.policies.reasons import Reason, require
 
 
@@ -100,7 +101,7 @@ def evaluate_quantization(baseline: QuantizationMeasurement, candidate: Quantiza
         failures.append(Reason("quality_below_floor", "quality is under the absolute floor",
                                {"quality_score": candidate.quality_score,
                                 "min_quality_score": requirements.min_quality_score}))
-    if quality_drop > requirements.max_quality_drop:
+    if exceeds(quality_drop, requirements.max_quality_drop):
         failures.append(Reason("quality_regression_exceeds_allowance",
                                "quality fell further from the baseline than allowed",
                                {"quality_drop": quality_drop,
@@ -114,7 +115,7 @@ def evaluate_quantization(baseline: QuantizationMeasurement, candidate: Quantiza
         failures.append(Reason("p95_ttft_exceeds_objective", "measured p95 TTFT is over objective",
                                {"p95_ttft_seconds": candidate.p95_ttft_seconds,
                                 "max_p95_ttft_seconds": requirements.max_p95_ttft_seconds}))
-    if relative_throughput < requirements.min_relative_throughput:
+    if below(relative_throughput, requirements.min_relative_throughput):
         failures.append(Reason("relative_throughput_below_requirement",
                                "measured throughput relative to baseline is too low",
                                {"relative_throughput": relative_throughput,

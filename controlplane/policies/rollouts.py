@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from controlplane.policies.gates import below, exceeds
 from controlplane.policies.reasons import PolicyInputError, Reason, require
 
 
@@ -170,7 +171,7 @@ def evaluate_rollout(baseline: ReleaseMeasurement, candidate: ReleaseMeasurement
          {"quality_score": candidate.quality_score,
           "min_quality_score": requirements.min_quality_score}),
         ("quality_regression_exceeds_allowance", "quality regression exceeds allowance",
-         drop > requirements.max_quality_drop,
+         exceeds(drop, requirements.max_quality_drop),
          {"quality_drop": drop, "max_quality_drop": requirements.max_quality_drop}),
         ("p95_ttft_exceeds_objective", "p95 TTFT exceeds rollout objective",
          candidate.p95_ttft_seconds > requirements.max_p95_ttft_seconds,
@@ -181,7 +182,7 @@ def evaluate_rollout(baseline: ReleaseMeasurement, candidate: ReleaseMeasurement
          {"p95_tpot_seconds": candidate.p95_tpot_seconds,
           "max_p95_tpot_seconds": requirements.max_p95_tpot_seconds}),
         ("relative_throughput_below_objective", "relative throughput below rollout objective",
-         relative < requirements.min_relative_throughput,
+         below(relative, requirements.min_relative_throughput),
          {"relative_throughput": relative,
           "min_relative_throughput": requirements.min_relative_throughput}),
         ("error_rate_exceeds_objective", "error rate exceeds rollout objective",

@@ -111,7 +111,7 @@ def test_a_capacity_decision_recorded_under_rules_1_replays_as_an_upgrade_not_a_
     (drift,) = report["drifts"]
     assert drift["command_id"].endswith(":capacity")
     assert (drift["rules_version"], drift["current_rules_version"], drift["older_rules"]) == (
-        1, 2, True)
+        1, plan_handlers.RULES_VERSIONS["DecidePlanStage"], True)
     assert drift["recorded"]["reasons"] == ["fleet_sized_by_bottleneck",
                                             "hourly_cost_exceeds_budget",
                                             "hourly_cost_exceeds_budget"]

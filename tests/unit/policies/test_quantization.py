@@ -142,3 +142,17 @@ def test_stage_exactly_when_no_gate_fails_and_failures_keep_the_fixed_order(
         throughput / 100 < 0.5], strict=True) if failing]
     assert (decision.action is QuantizationAction.STAGE) == (not expected)
     assert failed == (expected or ["staging_gates_passed"])
+
+
+def test_a_quality_drop_or_throughput_ratio_equal_to_its_limit_passes_despite_rounding() -> None:
+    # 0.90 - 0.87 is 0.030000000000000027 and 8.1 / 9 is 0.8999999999999999 (spec §1.5: the
+    # gates are inclusive); both had rejected the candidate.
+    baseline = QuantizationMeasurement("bf16", 16, True, 0.90, 28, 0.8, 9.0)
+    at_limit = QuantizationRequirements(0.85, 0.03, 16, 0.9, 0.9)
+    decision = evaluate_quantization(
+        baseline, QuantizationMeasurement("int8", 8, True, 0.87, 15, 0.7, 8.1), at_limit)
+    assert codes(decision) == ["staging_gates_passed"]
+    worse = evaluate_quantization(
+        baseline, QuantizationMeasurement("int8", 8, True, 0.8699, 15, 0.7, 8.099), at_limit)
+    assert codes(worse) == ["quality_regression_exceeds_allowance",
+                            "relative_throughput_below_requirement"]

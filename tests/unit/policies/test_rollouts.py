@@ -276,3 +276,17 @@ def test_gate_outcomes_follow_the_decision_order(
     assert not (decision.action is PROMOTE and cand.mode is TrafficMode.SHADOW)
     assert evaluate_rollout(baseline, cand, REQUIREMENTS, list(reversed(gates))) == decision
     json.dumps(to_plain(decision), allow_nan=False)
+
+
+def test_a_quality_drop_or_throughput_ratio_equal_to_its_limit_passes_despite_rounding() -> None:
+    # 0.90 - 0.87 is 0.030000000000000027 and 8.1 / 9 is 0.8999999999999999: both equal their
+    # limits, and "equality passes" (spec §1.11). Both had rolled the canary back.
+    at_limit = dataclasses.replace(REQUIREMENTS, min_relative_throughput=0.9)
+    baseline = dataclasses.replace(BASELINE, output_tokens_per_second=9.0)
+    decision = evaluate_rollout(baseline, candidate(quality_score=0.87, output_tokens_per_second=8.1),
+                                at_limit)
+    assert (decision.action, codes(decision)) == (PROMOTE, ["all_gates_passed"])
+    worse = evaluate_rollout(baseline, candidate(quality_score=0.8699, output_tokens_per_second=8.099),
+                             at_limit)
+    assert codes(worse) == ["quality_regression_exceeds_allowance",
+                            "relative_throughput_below_objective"]
