@@ -36,11 +36,21 @@ class ChainReport:
     head_hash: str | None = None
 
 
+# The largest position a log stores (a signed 64-bit column).
+MAX_POSITION = 2**63 - 1
+_ASCII_DIGITS = frozenset("0123456789")
+
+
 def parse_anchor(text: str) -> tuple[int, str]:
-    """`POSITION:HASH` as printed by `fleetctl verify` (`head`); ValueError naming the problem."""
+    """`POSITION:HASH` as printed by `fleetctl verify` (`head`); ValueError naming the problem.
+
+    The position is ASCII digits, 1 to MAX_POSITION (`str.isdecimal` also takes other scripts'
+    digits, which no log prints)."""
     position, _, digest = text.strip().partition(":")
-    if not position.isdecimal() or int(position) < 1:
-        raise ValueError(f"anchor {text!r}: expected POSITION:HASH with a position of 1 or more")
+    if not position or not set(position) <= _ASCII_DIGITS \
+            or not 1 <= int(position) <= MAX_POSITION:
+        raise ValueError(f"anchor {text!r}: expected POSITION:HASH with a position from 1 to "
+                         f"{MAX_POSITION}")
     if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
         raise ValueError(f"anchor {text!r}: the hash must be 64 lowercase hexadecimal digits")
     return int(position), digest
@@ -84,7 +94,7 @@ def verify_chain(rows: Iterable[dict[str, Any]], head: tuple[int, str],
         if recomputed != row["hash"]:
             return broken(position, "hash_mismatch", "the row's content does not match its hash")
         if row["event_type"] == CHECKPOINT_EVENT and row["stream_id"] == CHECKPOINT_STREAM:
-            claim = json.loads(row["data"])
+            claim = _checkpoint_claim(row["data"])
             if claim.get("log_size") != position - 1 or claim.get("merkle_root") != merkle_root(leaves):
                 return broken(position, "checkpoint_mismatch",
                               "the checkpoint's size or Merkle root disagrees with the log")
@@ -99,7 +109,11 @@ def verify_chain(rows: Iterable[dict[str, Any]], head: tuple[int, str],
         expected_position += 1
         checked += 1
     last_position = expected_position - 1
-    if (last_position, prev_hash) != head:
+    if last_position == head[0] and prev_hash != head[1]:
+        return broken(last_position, "head_mismatch",
+                      f"the head's hash is not that of the last row, {last_position}: the head "
+                      "row was edited")
+    if last_position != head[0]:
         # The first row missing from the end, or the first past the head.
         return broken(min(last_position, head[0]) + 1, "head_mismatch",
                       f"the log ends at {last_position} but its head says {head[0]}")
@@ -108,6 +122,16 @@ def verify_chain(rows: Iterable[dict[str, Any]], head: tuple[int, str],
                       f"the log ends at {last_position}, before the anchor's position {anchor[0]}: "
                       "rows were removed")
     return ChainReport(True, checked, head[0], head_hash=head[1])
+
+
+def _checkpoint_claim(data: str) -> dict[str, Any]:
+    """What a checkpoint row claims: its data's object, or none (so no claim matches) when the
+    data is not a JSON object, as no checkpoint is written."""
+    try:
+        claim = json.loads(data)
+    except ValueError:
+        return {}
+    return claim if isinstance(claim, dict) else {}
 
 
 def _misstored_field(header: dict[str, Any], data: Any) -> str | None:

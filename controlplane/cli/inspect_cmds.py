@@ -13,11 +13,10 @@ from controlplane.errors import InputError
 from controlplane.explain import explain_id
 from controlplane.replay import state_at
 from events.projections import load_all
-from events.verify import parse_anchor, verify_log
+from events.verify import MAX_POSITION, parse_anchor, verify_log
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 # Positions are stored as 64-bit signed integers; a larger one is refused as bad input.
-MAX_POSITION = 2**63 - 1
 
 
 def _utf8(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -137,7 +136,8 @@ def verify(anchor: str | None, as_json: bool) -> int:
     _, store = settings_and_store()
     report = verify_log(store, anchored)
     emit({**report.__dict__, "head": f"{report.head_position}:{report.head_hash}"
-          if report.head_hash else None, "anchor": anchor}, as_json,
+          if report.head_hash else None,
+          "anchor": f"{anchored[0]}:{anchored[1]}" if anchored else None}, as_json,
          lambda r: (f"chain intact: {r['events_checked']} events verified; head {r['head']}"
                     + (f" (anchored at {r['anchor'].split(':')[0]})" if r["anchor"] else ""))
          if r["ok"] else

@@ -187,6 +187,44 @@ def test_a_forged_checkpoint_is_detected(store: EventStore) -> None:
     assert report(small).first_bad_position == position
 
 
+def rechain(store: EventStore) -> None:
+    """Redo every row's hash, link and the head, as whoever can write every row could."""
+    from events.canonical import GENESIS_HASH, chain_hash
+    from events.rows import header_of
+
+    prev = GENESIS_HASH
+    with store.engine.begin() as conn:
+        for row in store.read_all(raw=True):
+            digest = chain_hash(prev, header_of(row), row["data"])
+            conn.execute(text("UPDATE events SET prev_hash = :p, hash = :h WHERE position = :pos"),
+                         {"p": prev, "h": digest, "pos": row["position"]})
+            prev = digest
+        conn.execute(text("UPDATE log_head SET hash = :h"), {"h": prev})
+
+
+@pytest.mark.parametrize("data", ["[]", "not json", "7"])
+def test_a_checkpoint_whose_data_is_no_object_is_reported_not_a_crash(
+        store: EventStore, data: str) -> None:
+    # Before, verify raised (AttributeError, JSONDecodeError) and named no position.
+    small = checkpointed_store(store)
+    position = next(e.position for e in small.read_all() if e.event_type == "LogCheckpointed")
+    tamper(small, f"UPDATE events SET data = '{data}' WHERE position = {position}")
+    rechain(small)
+    result = report(small)
+    assert (result.ok, result.problem, result.first_bad_position) == (
+        False, "checkpoint_mismatch", position)
+    cli = run_cli("verify")
+    assert cli.exit_code == 1 and "checkpoint_mismatch" in cli.output
+
+
+def test_an_edited_head_hash_is_named_at_the_last_row_and_said_so(store: EventStore) -> None:
+    seeded(store)
+    tamper(store, "UPDATE log_head SET hash = '" + "a" * 64 + "'")
+    result = report(store)
+    assert (result.ok, result.problem, result.first_bad_position) == (False, "head_mismatch", 10)
+    assert result.detail is not None and "head row was edited" in result.detail
+
+
 def test_a_flipped_bit_in_a_hash_is_detected(store: EventStore) -> None:
     seeded(store)
     tamper(store, "UPDATE events SET hash = replace(hash, substr(hash, 1, 1), "
@@ -323,7 +361,8 @@ def test_an_anchor_past_the_end_of_the_log_says_rows_were_removed(store: EventSt
 
 
 @pytest.mark.parametrize("anchor", ["10", "0:" + "a" * 64, "x:" + "a" * 64, "10:abc",
-                                    "10:" + "A" * 64])
+                                    "10:" + "A" * 64, "\u0661:" + "a" * 64,
+                                    f"{2**63}:" + "a" * 64, ":" + "a" * 64])
 def test_a_malformed_anchor_is_refused_naming_it(store: EventStore, anchor: str) -> None:
     seeded(store)
     cli = run_cli("verify", "--anchor", anchor)
