@@ -51,3 +51,12 @@ def check_writable(path: Path, option: str) -> None:
     writable = os.access(path, os.W_OK) if path.exists() else os.access(directory, os.W_OK | os.X_OK)
     if not writable:
         raise InputError(f"{option} {path}: permission denied")
+
+
+_JSON_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+               int: "a number", float: "a number", type(None): "null"}
+
+
+def json_kind(value: object) -> str:
+    """What JSON value `value` is, for an error naming what was found instead."""
+    return _JSON_KINDS.get(type(value), type(value).__name__)

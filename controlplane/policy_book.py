@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from controlplane.errors import InputError
-from controlplane.files import read_json
+from controlplane.files import json_kind, read_json
 from controlplane.gateway.parameters import GatewayParameters
 from events.projections import StateView
 
@@ -86,14 +86,21 @@ class RolloutParameters(PolicyParameters):
     speculation_minimum_speedup: Annotated[float, Field(strict=True, gt=0, le=1_000)] = 1.0
     required_gates: Annotated[list[Literal["quantization", "speculation"]], Field(max_length=2)] = []
 
-    @model_validator(mode="after")
-    def _increasing(self) -> RolloutParameters:
-        steps = self.canary_traffic_percents
+    # Rules of one field are that field's validators, so a what-if naming the field is refused
+    # before any log is read (`validate_overrides`); only rules across fields wait for it.
+    @field_validator("canary_traffic_percents")
+    @classmethod
+    def _increasing(cls, steps: list[float]) -> list[float]:
         if any(a >= b for a, b in zip(steps, steps[1:], strict=False)):
             raise ValueError("canary_traffic_percents must increase")
-        if len(set(self.required_gates)) != len(self.required_gates):
+        return steps
+
+    @field_validator("required_gates")
+    @classmethod
+    def _distinct(cls, gates: list[str]) -> list[str]:
+        if len(set(gates)) != len(gates):
             raise ValueError("required_gates must not repeat")
-        return self
+        return gates
 
 
 POLICY_MODELS: dict[str, type[BaseModel]] = {"memory": MemoryPolicy, "placement": PlacementPolicy,
@@ -206,5 +213,9 @@ def load_overrides(path: Path) -> dict[str, dict[str, Any]]:
     raw = read_json(path, MAX_POLICY_FILE_BYTES, "policy file ")
     if not isinstance(raw, dict):
         raise InputError(f"policy file {path} must hold an object of policy name -> parameters")
-    return {name: validate_overrides(name, params if isinstance(params, dict) else {"": params})
-            for name, params in raw.items()}
+    for name, params in raw.items():
+        if not isinstance(params, dict):
+            _model(name)  # an unknown policy is named as such first
+            raise InputError(f"policy file {path}: {name!r} must be an object of parameter -> "
+                             f"value, not {json_kind(params)}")
+    return {name: validate_overrides(name, params) for name, params in raw.items()}

@@ -64,25 +64,17 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
     _, store = settings_and_store()
     report: dict[str, Any] = {}
     failed = False
-    if rebuild:
-        with progress("rebuild: events folded", store.head()[0]) as report_progress:
-            report["rebuilt_events"] = rebuild_live(store, report_progress)
+    head = store.head()[0]
     if to_position is not None:
         # As `status --at`: a position past the head is the head, and the report says which.
-        to_position = min(to_position, store.head()[0])
-        report["position"] = to_position
-        with progress("replay: events folded", to_position) as report_progress:
-            report["state"] = state_at(store, to_position, report_progress).snapshot()
-    elif not (verify_ or policy_file):
-        with progress("replay: events folded", store.head()[0]) as report_progress:
-            report["projection_differences"] = compare_with_live(store, report_progress)
-        failed = bool(report["projection_differences"])
+        to_position = min(to_position, head)
     if verify_ or policy_file:
+        # First, as it only reads: a what-if that does not fit a version in the log is refused
+        # (exit 2) before --rebuild has written anything.
         policies = PolicyBook(overrides)
         # Events read, out of the events there are to read: the log up to the cut, or its head.
-        total = to_position if to_position is not None else store.head()[0]
         with progress("what-if: events read" if policy_file else "verify: events read",
-                      total) as report_progress:
+                      to_position if to_position is not None else head) as report_progress:
             result = verify_decisions(store, policies, to_position, report_progress)
         report.update(decisions_checked=result.decisions_checked,
                       decisions_unchecked=result.decisions_unchecked, what_if=bool(policy_file),
@@ -90,6 +82,17 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
                       unexplained_drifts=len(result.unexplained))
         # A drift under plain --verify of a decision made under today's rules means the recorded
         # history cannot be reproduced; one made under older rules is an upgrade's, reported.
-        failed = failed or (bool(result.unexplained) and not policy_file)
+        failed = bool(result.unexplained) and not policy_file
+    if rebuild:
+        with progress("rebuild: events folded", store.head()[0]) as report_progress:
+            report["rebuilt_events"] = rebuild_live(store, report_progress)
+    if to_position is not None:
+        report["position"] = to_position
+        with progress("replay: events folded", to_position) as report_progress:
+            report["state"] = state_at(store, to_position, report_progress).snapshot()
+    elif not (verify_ or policy_file):
+        with progress("replay: events folded", store.head()[0]) as report_progress:
+            report["projection_differences"] = compare_with_live(store, report_progress)
+        failed = bool(report["projection_differences"])
     emit(report, as_json, _render)
     return 1 if failed else 0

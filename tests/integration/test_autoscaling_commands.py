@@ -19,6 +19,7 @@ from controlplane.replay import state_at, verify_decisions
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
+from tests.cli_helpers import run_cli
 from tests.factories import place_replica, register_model, register_node
 from tests.fleet_helpers import assert_replay_exact, decision, run
 from workers.queue import enqueue_commands
@@ -380,3 +381,21 @@ def test_a_what_if_that_breaks_a_rule_with_the_recorded_parameters_is_refused_na
     policy_file.write_text(json.dumps({"autoscaling": {"min_replicas": 9}}))
     report = verify_decisions(store, PolicyBook(load_overrides(policy_file)))
     assert report.drifts[0].rederived["result"]["target_replicas"] == 9
+
+
+def test_a_what_if_refused_against_the_log_leaves_a_rebuild_unwritten(
+        store: EventStore, tmp_path: Path) -> None:
+    # Before, --rebuild wrote its ProjectionsRebuilt event, then the what-if was refused.
+    run(store, *fleet("r1", max_replicas=10), observe("load-1", 10, arrival=150.0))
+    head = store.head()
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"autoscaling": {"min_replicas": 12}}))
+    refused = run_cli("replay", "--rebuild", "--policy", str(policy_file))
+    assert refused.exit_code == 2 and "do not fit version 1" in refused.stderr
+    assert store.head() == head
+    policy_file.write_text(json.dumps({"autoscaling": {"min_replicas": 9}}))
+    rebuilt = run_cli("replay", "--rebuild", "--policy", str(policy_file), "--json")
+    assert rebuilt.exit_code == 0, rebuilt.stderr
+    assert json.loads(rebuilt.output)["rebuilt_events"] == head[0]
+    assert store.head()[0] == head[0] + 1
+

@@ -157,6 +157,23 @@ def test_an_up_worker_count_out_of_bounds_is_refused(
     assert not database_file(embedded).exists()
 
 
+@pytest.mark.parametrize(("policies", "named"), [
+    ({"memory": 0.8}, ["'memory'", "an object", "a number"]),
+    ({"memory": None}, ["'memory'", "null"]),
+    ({"nopolicy": 3}, ["unknown policy 'nopolicy'"]),
+    ({"rollout": {"canary_traffic_percents": [10, 1]}}, ["canary_traffic_percents", "increase"]),
+    ({"rollout": {"required_gates": ["quantization"] * 2}}, ["required_gates", "repeat"])],
+    ids=["number", "null", "unknown", "steps_down", "gates_repeat"])
+def test_a_what_if_file_wrong_in_itself_is_refused_whatever_the_log_holds(
+        tmp_path: Path, embedded: str, policies: dict[str, Any], named: list[str]) -> None:
+    # A rule of one field was checked only against a version recorded in the log: on a log
+    # without one, the file passed; a policy that is no object was "memory.: Extra inputs".
+    assert run_cli("submit", str(commands_file(tmp_path, "a"))).exit_code == 0
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(policies))
+    assert_refused_in_one_line(run_cli("replay", "--policy", str(policy)), *named)
+
+
 # 2: progress on a terminal
 
 
