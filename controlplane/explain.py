@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from controlplane.decisions import ACCEPTED
 from controlplane.errors import InputError
 from controlplane.gateway.explain import explain_operation
 from events.model import RecordedEvent
@@ -35,11 +36,15 @@ def _resolve(store: EventStore, identifier: str) -> list[RecordedEvent]:
     event = store.find_event(identifier)
     if event is not None:
         return [event]
-    events = [e for e in store.events_for_command(identifier) if e.event_type != "CommandAccepted"]
+    recorded = store.events_for_command(identifier)
+    events = [e for e in recorded if e.event_type != ACCEPTED]
     if events:
         return events
-    candidates = [identifier] if "/" in identifier else []
-    candidates += [f"{kind}/{identifier}" for kind in NAMED_STREAMS]
+    if recorded:  # accepted, not decided yet: its acceptance is all there is to show
+        return recorded
+    # A stream id as given (`catalog` holds no `/`), after the named kinds it may be short for.
+    candidates = [identifier] if "/" in identifier else \
+        [*(f"{kind}/{identifier}" for kind in NAMED_STREAMS), identifier]
     for stream_id in candidates:
         decisions = [e for e in store.read_stream(stream_id) if "outcome" in e.data]
         if decisions:
@@ -48,7 +53,8 @@ def _resolve(store: EventStore, identifier: str) -> list[RecordedEvent]:
 
 
 def explain_id(store: EventStore, identifier: str) -> dict[str, Any]:
-    """The decision named by `identifier` and, following causation links, what led to it.
+    """The decision named by `identifier` and, following causation links, what led to it; for
+    a command accepted but not decided yet, its acceptance (`awaiting_decision`).
 
     `operation/<tenant>/<key>` explains a gateway operation: its steps, evidence and budget.
     """
@@ -57,6 +63,9 @@ def explain_id(store: EventStore, identifier: str) -> dict[str, Any]:
         return {"identifier": identifier, "operation": explain_operation(store, tenant, key),
                 "chain": [_step(e) for e in store.read_stream(identifier)]}
     decided = _resolve(store, identifier)
+    if decided[0].event_type == ACCEPTED and decided[0].command_id == identifier:
+        return {"identifier": identifier, "awaiting_decision": True,
+                "chain": [_step(e) for e in decided]}
     chain = [_step(e) for e in decided]
     seen = {e.event_id for e in decided}
     cause_ids = [e.causation_id for e in decided if e.causation_id]

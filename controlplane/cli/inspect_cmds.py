@@ -115,6 +115,8 @@ def _render_explanation(report: dict[str, Any]) -> str:
             lines += [f"      ruled out {line}" for line in ruled[:MAX_ALTERNATIVES]]
             if len(ruled) > MAX_ALTERNATIVES:
                 lines.append(f"      ... and {len(ruled) - MAX_ALTERNATIVES} more (--json has all)")
+    if report.get("awaiting_decision"):
+        lines.append("    accepted, awaiting a decision (`fleetctl status` counts those waiting)")
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ import pytest
 from controlplane.cli import queue_cmds
 from controlplane.runtime import open_store
 from tests.cli_helpers import run_cli
-from tests.factories import assess_memory
+from tests.factories import assess_memory, register_model
 
 
 @pytest.fixture(autouse=True)
@@ -77,6 +77,29 @@ def test_inspection_commands_answer_in_json(tmp_path: Path) -> None:
     explained = json.loads(run_cli("explain", "x", "--json").output)
     assert explained["chain"][0]["outcome"] == "fits"
     assert explained["chain"][-1]["event_type"] == "CommandAccepted"
+
+
+def test_explain_shows_a_command_accepted_but_not_decided_as_awaiting_its_decision(
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: "no event, command, request, replica or stream with id", while `status` counted it.
+    monkeypatch.setenv("FLEET_REDIS_URL", "redis://127.0.0.1:1/0")
+    source = write_lines(tmp_path / "c.jsonl", assess_memory("waiting"))
+    assert run_cli("submit", str(source)).exit_code == 3  # accepted, never enqueued
+    monkeypatch.delenv("FLEET_REDIS_URL")
+    explained = run_cli("explain", "waiting")
+    assert explained.exit_code == 0, explained.stderr
+    assert "CommandAccepted" in explained.output and "awaiting a decision" in explained.output
+    report = json.loads(run_cli("explain", "waiting", "--json").output)
+    assert report["awaiting_decision"] is True
+    assert report["chain"][0]["command"]["command_id"] == "waiting"
+
+
+def test_explain_takes_a_stream_id_without_a_slash(tmp_path: Path, embedded: str) -> None:
+    # Models are registered on the `catalog` stream: `log --stream catalog` listed it, explain
+    # refused it.
+    run_cli("submit", str(write_lines(tmp_path / "m.jsonl", register_model())))
+    explained = json.loads(run_cli("explain", "catalog", "--json").output)
+    assert explained["chain"][0]["event_type"] == "ModelRegistered"
 
 
 def test_explaining_an_unknown_id_exits_2(tmp_path: Path) -> None:
