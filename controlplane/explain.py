@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.decisions import ACCEPTED
+from controlplane.decisions import ACCEPTED, REJECTED
 from controlplane.errors import InputError
 from controlplane.gateway.explain import explain_operation
 from events.model import RecordedEvent
@@ -47,6 +47,9 @@ def _resolve(store: EventStore, identifier: str) -> list[RecordedEvent]:
         [*(f"{kind}/{identifier}" for kind in NAMED_STREAMS), identifier]
     for stream_id in candidates:
         decisions = [e for e in store.read_stream(stream_id) if "outcome" in e.data]
+        # What decided the entity's state, not a command refused about it since (a rollout's
+        # rollback, not the evaluation refused after it), unless refusals are all there is.
+        decisions = [e for e in decisions if e.event_type != REJECTED] or decisions
         if decisions:
             return [decisions[-1]]
     raise InputError(f"no event, command, request, replica or stream with id {identifier!r}")

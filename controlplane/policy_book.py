@@ -173,6 +173,14 @@ class PolicyBook:
             return self._what_if(name, version, parameters)
         return PolicyInForce(name, version, parameters)
 
+    def as_recorded(self, name: str, version: int, parameters: dict[str, Any]) -> PolicyInForce:
+        """Version `version` of `name` as a decision copied it (`parameters`), for a later
+        decision that reads the copy: those parameters, or under a what-if those with the
+        what-if's replacing the ones it names (as `in_force` resolves that version)."""
+        if name in self.overrides:
+            return self._what_if(name, version, parameters)
+        return PolicyInForce(name, version, parameters)
+
     def in_force(self, state: StateView, name: str) -> PolicyInForce:
         recorded = state.get(POLICY_PROJECTION, name)
         if name in self.overrides:

@@ -198,6 +198,9 @@ def handle_evaluate_canary(command: CommandBase, ctx: DecisionContext) -> list[S
     if rollout is None:
         return _refuse(command, ctx, "unknown_rollout", "rollout_id", "no such rollout",
                        command.rollout_id)
+    if rollout["stage"] in FINISHED:  # as a measurement is refused: nothing moves it any more
+        return _refuse(command, ctx, "rollout_finished", "rollout_id",
+                       f"the rollout is {rollout['stage']}", command.rollout_id)
     measurement_id = command.measurement_id or rollout["latest_measurement_id"]
     measurement = (ctx.state.get(ROLLOUT_MEASUREMENT, measurement_key(command.rollout_id,
                                                                        measurement_id))
@@ -220,6 +223,10 @@ def handle_evaluate_canary(command: CommandBase, ctx: DecisionContext) -> list[S
                        f"now at {_rung(*_rung_of(rollout))}",
                        command.rollout_id)
     requirements = rollout["requirements"]
+    if rollout["requirements_version"] != "declared":
+        # Copied from the rollout policy at the start: a what-if of that policy applies to it.
+        requirements = ctx.policies.as_recorded("rollout", rollout["requirements_version"],
+                                                requirements).parameters
     gates = [GateEvidence(name, gate["passed"], tuple(Reason(**r) for r in gate["reasons"]))
              for name, gate in sorted(measurement["gates_in_force"].items())]
     state = RolloutState(RolloutStage(rollout["stage"]), rollout["canary_step"],
@@ -265,7 +272,9 @@ RULES_VERSIONS: dict[str, int] = {
     # 2: a canary rung is cleared only by evidence measured on it.
     # 3: a quality drop or throughput ratio equal to its limit but for float rounding passes
     #    (`policies.gates`; 0.90 - 0.87 had exceeded a 0.03 allowance).
-    "EvaluateCanary": 3,
+    # 4: a finished rollout's evaluation is refused (`rollout_finished`; it appended a hold
+    #    each time).
+    "EvaluateCanary": 4,
     # 2: the quantization gate as EvaluateCanary's version 3.
     "RecordCanaryMeasurement": 2,
 }

@@ -4,12 +4,14 @@ rung per measurement, a passing canary promotes and a regression rolls back obse
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from controlplane.explain import explain_id
-from controlplane.replay import state_at
+from controlplane.policy_book import PolicyBook, load_overrides
+from controlplane.replay import state_at, verify_decisions
 from events.model import RecordedEvent
 from events.store import EventStore
 from tests.cli_helpers import run_cli
@@ -108,6 +110,39 @@ def test_one_tail_latency_regression_rolls_back_removes_traffic_and_names_the_ga
         "rejected", "rollout_finished")
     chain = [step["command_id"] for step in explain_id(store, "m3:evaluate")["chain"]]
     assert "m3" in chain and "m2:evaluate" in chain
+    assert_replay_exact(store)
+
+
+def test_a_finished_rollout_refuses_evaluation_and_explain_still_names_its_rollback(
+        store: EventStore) -> None:
+    # Before, each evaluation of a finished rollout appended a `RolloutHeld` (rollout_finished),
+    # and `explain ro1` answered with that hold instead of the rollback.
+    run(store, *start(), measure("m1", "shadow"), measure("m2", "shadow"))
+    run(store, measure("bad", "canary", p95_tpot_seconds=0.2), measure("good", "canary"))
+    assert evaluation(store, "bad").event_type == "RolloutRolledBack"
+    late = evaluation(store, "good")
+    assert (late.data["outcome"], late.data["reasons"][0]["code"]) == ("rejected", "rollout_finished")
+    run(store, {"type": "EvaluateCanary", "command_id": "again", "rollout_id": "ro1",
+                "measurement_id": "good"})
+    assert decision(store, "again").data["reasons"][0]["code"] == "rollout_finished"
+    assert not [e for e in store.read_stream("rollout/ro1") if e.event_type == "RolloutHeld"]
+    assert explain_id(store, "ro1")["chain"][0]["event_type"] == "RolloutRolledBack"
+    assert_replay_exact(store)
+
+
+def test_a_what_if_of_the_rollout_policy_changes_the_verdicts_of_rollouts_that_copied_it(
+        store: EventStore, tmp_path: Path) -> None:
+    # Evaluations read the requirements their rollout copied from the policy at its start: a
+    # what-if of the policy had changed only the starts, never a verdict.
+    run(store, *start(), measure("m1", "shadow"), measure("m2", "shadow"))
+    run(store, measure("m3", "canary", p95_tpot_seconds=0.2))
+    assert evaluation(store, "m3").event_type == "RolloutRolledBack"
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"rollout": {"max_p95_tpot_seconds": 0.5}}))
+    report = verify_decisions(store, PolicyBook(load_overrides(policy_file)))
+    verdicts = {d.command_id: (d.recorded["outcome"], d.rederived["outcome"])
+                for d in report.drifts}
+    assert verdicts["m3:evaluate"] == ("rollback", "advance")
     assert_replay_exact(store)
 
 
