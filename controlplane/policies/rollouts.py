@@ -111,13 +111,16 @@ def _validate_measurement(measurement: ReleaseMeasurement, role: str) -> None:
     require(isinstance(measurement.sample_count, int) and measurement.sample_count >= 0,
             "sample_count_negative", f"{role}.sample_count",
             f"{role} sample count must be a non-negative integer")
-    for name in ("quality_score", "p95_ttft_seconds", "p95_tpot_seconds",
-                 "output_tokens_per_second", "error_rate"):
+    # Spec §1.11's order: throughput first, then the other values.
+    throughput = measurement.output_tokens_per_second
+    require(math.isfinite(throughput), "measurement_invalid", f"{role}.output_tokens_per_second",
+            f"{role} output_tokens_per_second must be finite and non-negative")
+    require(throughput > 0, "throughput_not_positive",
+            f"{role}.output_tokens_per_second", f"{role} throughput must be positive")
+    for name in ("quality_score", "p95_ttft_seconds", "p95_tpot_seconds", "error_rate"):
         value = getattr(measurement, name)
         require(math.isfinite(value) and value >= 0, "measurement_invalid", f"{role}.{name}",
                 f"{role} {name} must be finite and non-negative")
-    require(measurement.output_tokens_per_second > 0, "throughput_not_positive",
-            f"{role}.output_tokens_per_second", f"{role} throughput must be positive")
 
 
 def _validate(baseline: ReleaseMeasurement, candidate: ReleaseMeasurement,

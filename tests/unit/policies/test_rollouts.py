@@ -290,3 +290,12 @@ def test_a_quality_drop_or_throughput_ratio_equal_to_its_limit_passes_despite_ro
                              at_limit)
     assert codes(worse) == ["quality_regression_exceeds_allowance",
                             "relative_throughput_below_objective"]
+
+
+def test_a_throughput_that_is_not_positive_is_named_before_other_bad_values() -> None:
+    # Spec §1.11 validates throughput <= 0 before negative quality, latency or error values.
+    with pytest.raises(PolicyInputError) as raised:
+        evaluate_rollout(BASELINE, candidate(quality_score=-0.1, output_tokens_per_second=0.0),
+                         REQUIREMENTS)
+    assert (raised.value.code, raised.value.field) == (
+        "throughput_not_positive", "candidate.output_tokens_per_second")
