@@ -126,6 +126,9 @@ def _parse_scalar(value: object, hint: Any, path: str) -> Any:
         except OverflowError:
             number = math.inf
         require(math.isfinite(number), "not_finite", path, f"{path} must be a finite number")
+        # Deliberately a float even for an integer (`4` and `4.0` are one input and bind one
+        # digest), so the plan prints `"overhead_gib_per_gpu": 4.0` where spec §2.4's text,
+        # echoing the reference's int, has `4`: the same figure.
         return number
     raise TypeError(f"the scenario parser does not support {hint!r} at {path}")
 
