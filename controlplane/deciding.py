@@ -137,11 +137,14 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
         if decided:
             outcomes.append(Outcome(item.command_id, False, tuple(decided)))
             continue
+        # The time the decision is recorded at, fixed before it is made: the handler reads it
+        # (a lease on the control plane's own clock) and its events carry it.
+        recorded_at = tx.clock()
         context = DecisionContext(tx.projections, tx.head_position, tx.stream_version, policies,
-                                  item.accepted.event_id)
+                                  item.accepted.event_id, recorded_at=recorded_at)
         # No event of this command exists (checked above): skip the look-up.
         appended = tx.append(decide_command(item.command, context),
-                             check_existing=False)
+                             check_existing=False, recorded_at=recorded_at)
         for event in appended:
             apply_event(tx.projections, event)
         outcomes.append(Outcome(item.command_id, True, tuple(appended)))

@@ -33,6 +33,11 @@ class DecisionContext:
     accepted_event_id: str | None
     # The command type's `RULES_VERSIONS` entry, set by `handlers.decide_command`.
     rules_version: int = 1
+    # The control plane's clock at this decision: the `recorded_at` its events carry, fixed
+    # before the handler runs (live) or read from the recorded events (replay), so a handler
+    # may judge elapsed wall-clock time and still re-derive exactly. None: no clock was given
+    # (a context built by hand), and no wall-clock time may be taken to have passed.
+    recorded_at: str | None = None
 
 
 def inbox_record(command: CommandBase) -> Plain:

@@ -352,8 +352,9 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any],
     first = group[0]
     payload, accepted_id = commands.pop(first.command_id or "")
     command = parse_command(payload)
+    # Decided at the time its events were recorded at (one append: they share it).
     context = DecisionContext(state, first.position - 1, versions.before(group), policies,
-                              accepted_id)
+                              accepted_id, recorded_at=first.recorded_at)
     appends = decide_command(command, context)
     # Compared without the rules version: a decision recorded before versions were lacks it.
     rederived = [{"stream_id": a.stream_id, "event_type": e.event_type, "data": _unversioned(e.data)}

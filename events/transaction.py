@@ -45,6 +45,13 @@ _MAX_VERSIONS = ("SELECT stream_id, max(stream_version) FROM events WHERE stream
                  " GROUP BY stream_id")
 
 
+def wall_clock() -> str:
+    """The control plane's own clock, as the log records it in `recorded_at` (UTC, ISO 8601 to
+    the microsecond). The one place an append reads the time: a test that lets a lease run out
+    replaces this function rather than sleeping."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
 class ReadAhead(NamedTuple):
     """What a transaction is about to read: stream versions and projection rows (name, key)."""
 
@@ -128,6 +135,12 @@ class LogTransaction:
         self.flush()
         return events_by_command(self.connection, command_ids, excluded_type)
 
+    def clock(self) -> str:
+        """The `recorded_at` an append made now would carry (`wall_clock`). A decider fixes it
+        before deciding and passes it to `append`, so a decision can read the very time it is
+        recorded at."""
+        return wall_clock()
+
     def has_writes(self) -> bool:
         """Whether committing would write anything (appended rows or projection changes)."""
         return bool(self._buffer) or self.projections.has_pending()
@@ -154,8 +167,8 @@ class LogTransaction:
             driver.execute(self.connection, UPDATE_HEAD, self.head_position, self.head_hash)
             self._stored_head = (self.head_position, self.head_hash)
 
-    def append(self, appends: Sequence[StreamAppend],
-               check_existing: bool = True) -> list[RecordedEvent]:
+    def append(self, appends: Sequence[StreamAppend], check_existing: bool = True,
+               recorded_at: str | None = None) -> list[RecordedEvent]:
         """Append to every stream at its expected version, all or nothing.
 
         Re-appending events already stored at the same streams and versions returns the
@@ -164,6 +177,8 @@ class LogTransaction:
         overlaps the log, raises `DuplicateEventError`. A caller that already knows its events
         are new (a decision for a command with none) may skip that look-up with
         `check_existing=False`; `UNIQUE(event_id)` still refuses a duplicate at commit.
+        Every row appended (a checkpoint too) carries `recorded_at`: the time `clock` gave the
+        caller, or the clock's now when not given.
         """
         if check_existing:
             existing = self._existing(appends)
@@ -171,7 +186,7 @@ class LogTransaction:
                 return existing
         rows: list[dict[str, Any]] = []
         decoded: list[Any] = []
-        recorded_at = datetime.now(UTC).isoformat(timespec="microseconds")
+        recorded_at = recorded_at or wall_clock()
         position, prev_hash = self.head_position, self.head_hash
         versions: dict[str, int] = {}  # kept only if the whole call succeeds
         for batch in appends:

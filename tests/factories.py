@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from events.model import NewEvent, StreamAppend, derived_event_id
@@ -66,3 +68,11 @@ def place_replica(replica_id: str, model_id: str = "llama-8b", pool_id: str = "c
     if tp is not None:
         payload["tensor_parallel_size"] = tp
     return payload
+
+
+def wall_clock_after(seconds: float) -> Callable[[], str]:
+    """A stand-in for `events.transaction.wall_clock` running `seconds` ahead of this machine's
+    clock: how a test lets a lease run out on the control plane's clock without waiting."""
+    def clock() -> str:
+        return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat(timespec="microseconds")
+    return clock

@@ -159,7 +159,12 @@ class RegisterProfile(CommandBase):
 
 
 class ConfigureRoute(CommandBase):
-    """Create or replace a route: a hosted provider, or self-hosted on a named fleet pool."""
+    """Create or replace a route: a hosted provider, or self-hosted on a named fleet pool.
+
+    A self-hosted route also needs its `gpu_plan`, the memory its profiles' fit is proven
+    against: refused at submit without one (`gpu_plan_required`, a precheck rather than a
+    validator here, so routes recorded before that rule still parse when replayed).
+    """
 
     type: Literal["ConfigureRoute"] = "ConfigureRoute"
     route_id: Name

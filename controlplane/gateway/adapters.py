@@ -20,7 +20,9 @@ from controlplane.gateway.fixture_provider import ADAPTER_FAULTS, FixtureProvide
 
 @dataclass(frozen=True)
 class AdapterRequest:
-    """What a provider receives; `provider_idempotency_key` lets a provider deduplicate."""
+    """What a provider receives (spec §5.1 step 8): the input, the effective maximum output,
+    the profile and model ids, the effective network policy, and `provider_idempotency_key`
+    (derived from the operation) so a provider can deduplicate."""
 
     operation_id: str
     tenant: str
@@ -29,6 +31,7 @@ class AdapterRequest:
     adapter_kind: str
     provider: str
     pool: str | None
+    profile_id: str
     model_id: str
     input_text: str
     input_tokens: int
@@ -70,6 +73,9 @@ class FixtureAdapter:
             "operation_id": request.operation_id, "tenant": request.tenant,
             "idempotency_key": request.idempotency_key, "route_id": request.route_id,
             "adapter_kind": request.adapter_kind, "pool": request.pool,
+            "profile_id": request.profile_id, "model_id": request.model_id,
+            "network_policy": request.network_policy,
+            "provider_idempotency_key": request.provider_idempotency_key,
             "max_output_tokens": request.max_output_tokens, "fault": fault,
             "input_sha256": hashlib.sha256(request.input_text.encode("utf-8")).hexdigest()})
         if fault == "refuse_before_send":

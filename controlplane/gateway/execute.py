@@ -102,7 +102,8 @@ def _request(store: EventStore, event: RecordedEvent, dispatch: dict[str, Any]) 
         operation_id=dispatch["operation_id"], tenant=dispatch["tenant"],
         idempotency_key=dispatch["idempotency_key"], route_id=dispatch["route_id"],
         adapter_kind=dispatch["adapter_kind"], provider=dispatch["provider"], pool=dispatch["pool"],
-        model_id=dispatch["model_id"], input_text=accepted.data["command"]["input"],
+        profile_id=dispatch["profile_id"], model_id=dispatch["model_id"],
+        input_text=accepted.data["command"]["input"],
         input_tokens=dispatch["input_tokens"], max_output_tokens=dispatch["max_output_tokens"],
         network_policy=dispatch["network_policy"],
         provider_idempotency_key=dispatch["provider_idempotency_key"])

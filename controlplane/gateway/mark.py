@@ -8,7 +8,7 @@ settled instead (`observations.unsent`).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -25,7 +25,7 @@ from controlplane.gateway.world import (
 )
 from controlplane.policies.gateway import NetworkPolicy
 from controlplane.policies.gateway_authorise import authorise_evidence, authorise_identity
-from controlplane.policies.gateway_select import reserved_route_verdict
+from controlplane.policies.gateway_select import reserved_route_verdict, stricter_policy
 from controlplane.policies.reasons import Reason
 from controlplane.policy_book import PolicyBook
 from controlplane.state import gateway as gw
@@ -58,7 +58,7 @@ def mark_reserved(store: EventStore, reserved: RecordedEvent) -> RecordedEvent |
         if row is None or row["state"] != "reserved" \
                 or row["operation_id"] != operation["operation_id"]:
             return None
-        waited = seconds_since(reserved.recorded_at)
+        waited = seconds_since(reserved.recorded_at, tx.clock())
         lease = PolicyBook().in_force(tx.projections, "gateway").parameters["dispatch_lease_seconds"]
         why_not = [Reason("reservation_expired", "the request was never sent and its lease has "
                           "run out; it will not be sent", {"waited_seconds": round(waited, 3),
@@ -72,9 +72,11 @@ def mark_reserved(store: EventStore, reserved: RecordedEvent) -> RecordedEvent |
             return None
         result = {"tenant": row["tenant"], "idempotency_key": row["idempotency_key"],
                   "operation_id": row["operation_id"], **{k: row[k] for k in ROUTE_FIELDS},
+                  "network_policy": effective_policy(tx.projections, row).value,
                   "provider_idempotency_key": row["operation_id"], "dispatch_count": 1}
         # Stamped with the request's own (logical) time, as replays and reconciliations measure
-        # the lease against their commands' times; the wall clock would mix two clocks.
+        # the lease against their commands' times; its `recorded_at` keeps the control plane's
+        # clock, which they measure it against too (a command's time is its submitter's claim).
         event = observation(reserved, tx, "dispatching", gw.OPERATION_DISPATCHING, "dispatching",
                             [Reason("dispatch_marked", "the operation may reach the provider from "
                                     "now on; it will never be dispatched again",
@@ -86,10 +88,18 @@ def mark_reserved(store: EventStore, reserved: RecordedEvent) -> RecordedEvent |
     return marked
 
 
-def seconds_since(recorded_at: str) -> float:
-    """Wall-clock seconds since a row's `recorded_at` (both this machine's clock, never a
-    command's logical time)."""
-    return (datetime.now(UTC) - datetime.fromisoformat(recorded_at)).total_seconds()
+def seconds_since(recorded_at: str, now: str) -> float:
+    """Wall-clock seconds from a row's `recorded_at` to `now` (both the control plane's clock,
+    `events.transaction.wall_clock`, never a command's logical time)."""
+    return (datetime.fromisoformat(now) - datetime.fromisoformat(recorded_at)).total_seconds()
+
+
+def effective_policy(state: StateView, operation: dict[str, Any]) -> NetworkPolicy:
+    """The network policy the call is made under: the request's effective one at reservation,
+    or the tenant's current one where that is stricter (the route was checked against it)."""
+    reserved = NetworkPolicy(operation["network_policy"])
+    tenant = tenant_of(state, operation["tenant"])
+    return stricter_policy(reserved, tenant.network_policy) if tenant is not None else reserved
 
 
 def withdrawn(state: StateView, operation: dict[str, Any]) -> list[Reason]:

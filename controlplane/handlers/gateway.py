@@ -108,6 +108,22 @@ def seconds_between(earlier_iso: str | None, later: datetime) -> float | None:
     return (later - datetime.fromisoformat(earlier_iso)).total_seconds()
 
 
+def wall_seconds_since(recorded_at: str | None, ctx: DecisionContext) -> float | None:
+    """Seconds on the control plane's clock from a row's recorded `recorded_at` to this
+    decision's own (`DecisionContext.recorded_at`): both read from the log, so re-derivation
+    computes the same figure.
+
+    None when the row holds no such time (an operation folded from an older log, see
+    `lease_expired`); 0 when the decision was given no clock: no time is known to have passed.
+    """
+    if recorded_at is None:
+        return None
+    if ctx.recorded_at is None:
+        return 0.0
+    return (datetime.fromisoformat(ctx.recorded_at)
+            - datetime.fromisoformat(recorded_at)).total_seconds()
+
+
 def _replay(command: Dispatch, ctx: DecisionContext, policy: PolicyInForce, request_fingerprint: str,
             row: dict[str, Any]) -> list[StreamAppend]:
     stored = _stored(row)
@@ -119,6 +135,7 @@ def _replay(command: Dispatch, ctx: DecisionContext, policy: PolicyInForce, requ
     assert principal is not None  # identity was authorised before the lookup
     decision = replay_operation(stored, principal, sources_of(ctx.state),
                                 seconds_between(row.get("dispatching_at"), command.at),
+                                wall_seconds_since(row.get("dispatching_recorded_at"), ctx),
                                 policy.parameters["dispatch_lease_seconds"])
     if decision.outcome is ReplayOutcome.DENIED:
         return _denied(command, ctx, policy, request_fingerprint, decision.verdict,
@@ -227,7 +244,12 @@ HANDLERS: dict[str, Handler] = {"Dispatch": handle_dispatch}
 RULES_VERSIONS: dict[str, int] = {
     # 2: a replay of a failed operation no provider refused (never sent, or reconciled
     #    `not_processed`) answers `not_processed`, not `provider_refused`.
-    "Dispatch": 2,
+    # 3: a source of the caller's own tenant is readable whatever its access list (the list
+    #    only adds readers); a replay reports a dispatching operation unknown only once its
+    #    lease has run out on the control plane's clock too, not on the requests' times alone;
+    #    a self-hosted route whose memory fit cannot be shown (no GPU plan, or a profile
+    #    without memory parameters) is not compatible.
+    "Dispatch": 3,
 }
 STREAMS: dict[str, Streams] = {"Dispatch": _dispatch_streams}
 READS: dict[str, Reads] = {"Dispatch": _dispatch_reads}

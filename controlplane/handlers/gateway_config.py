@@ -197,9 +197,20 @@ def handle_register_profile(command: CommandBase, ctx: DecisionContext) -> list[
                    "profile_registered", "profile registered in the trusted registry")
 
 
+def _route_problem(command: ConfigureRoute) -> PolicyInputError | None:
+    """Why the route cannot be configured as sent; None when it can. A self-hosted route must
+    carry the GPU plan Select proves the profile's memory fit against (spec §3.1, §5.1 step 4):
+    without one no fit can be shown, so it could never serve."""
+    if command.adapter_kind == "self_hosted" and command.gpu_plan is None:
+        return PolicyInputError("gpu_plan_required", "gpu_plan",
+                                "a self_hosted route needs the gpu_plan its memory fit is "
+                                "checked against")
+    return None
+
+
 def handle_configure_route(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, ConfigureRoute)
-    problem = _operator_problem(command, "route")
+    problem = _operator_problem(command, "route") or _route_problem(command)
     if problem is not None:
         return rejection(command, ctx, problem, f"route/{command.route_id}")
     record = command.model_dump(mode="json", include={
@@ -281,6 +292,13 @@ def _precheck_operator(kind: str) -> Precheck:
     return check
 
 
+def _precheck_route(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
+    """The operator's, and a self-hosted route's GPU plan: refused at submit, nothing written."""
+    assert isinstance(command, ConfigureRoute)
+    problems = [_operator_problem(command, "route"), _route_problem(command)]
+    return [(problem.field, problem.message) for problem in problems if problem is not None]
+
+
 HANDLERS: dict[str, Handler] = {
     "RegisterTenant": handle_register_tenant,
     "SetNetworkPolicy": handle_set_network_policy,
@@ -305,6 +323,12 @@ PRECHECKS: dict[str, Precheck] = {
     "RestoreSource": _precheck_owner("source", "source_ref"),
     "MoveReleasePointer": _precheck_owner("release-pointer", "pointer_name"),
     "RegisterProfile": _precheck_operator("profile"),
-    "ConfigureRoute": _precheck_operator("route"),
+    "ConfigureRoute": _precheck_route,
     "CreateReleaseBundle": _precheck_operator("release bundle"),
+}
+# Versions of the decision rules, each with what changed (see `handlers/base.py`).
+RULES_VERSIONS: dict[str, int] = {
+    # 2: a self-hosted route without a GPU plan is rejected (`gpu_plan_required`): its memory
+    #    fit could never be shown. Refused at submit too.
+    "ConfigureRoute": 2,
 }

@@ -1,9 +1,10 @@
 """`ReconcileOperation`: settle an unknown outcome from out-of-band evidence (spec §4, §13.3).
 
 Only an operator or a reconciliation job with evidence (a provider-side lookup) moves an
-operation out of `unknown`, or out of `dispatching` once its lease has expired. It never calls a
-provider: "completed" imports the provider's answer and commits its usage; "not_processed" marks
-the operation failed and releases the grant. A settled operation cannot be reconciled again, and
+operation out of `unknown`, or out of `dispatching` once its lease has expired on both the
+commands' clock and the control plane's own. It never calls a provider: "completed" imports
+the provider's answer and commits its usage; "not_processed" marks the operation failed and
+releases the grant. A settled operation cannot be reconciled again, and
 evidence the log contradicts is refused: more output than the operation let the provider produce,
 or "not_processed" for an operation whose provider returned a result that only saving lost
 (`persist_failed`: the work was done, so its grant stays charged, spec §5.1 step 9).
@@ -19,7 +20,8 @@ from controlplane.commands.gateway import ReconcileOperation
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event
 from controlplane.gateway.world import budget_of
 from controlplane.handlers.base import Handler, Reads, Streams
-from controlplane.handlers.gateway import seconds_between
+from controlplane.handlers.gateway import seconds_between, wall_seconds_since
+from controlplane.policies.gateway import lease_expired
 from controlplane.policies.gateway_budget import BudgetMovement, release, settle
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.policy_book import PolicyInForce
@@ -67,6 +69,29 @@ def _movement(command: ReconcileOperation, ctx: DecisionContext,
     return release(budget, row["grant_units"], "grant_released_on_evidence")
 
 
+def _lease_running(command: ReconcileOperation, ctx: DecisionContext, policy: PolicyInForce,
+                   row: dict[str, Any]) -> dict[str, Any] | None:
+    """The lease's figures while it still runs on either clock; None once it has run out on
+    both (`lease_expired`).
+
+    A dispatching operation's lease starts at its mark; a reserved one's (never marked, so
+    never sent) at its reservation: once that has passed its worker is gone and its job given
+    up, so "not_processed" may release its grant. The command's time is its submitter's claim,
+    so the control plane's own clock must agree: otherwise a reconciliation dated ahead would
+    settle an operation whose call is still running and drop the result it brings.
+    """
+    lease = policy.parameters["dispatch_lease_seconds"]
+    reserved = row["state"] == "reserved"
+    elapsed = seconds_between(row.get("created_at") if reserved else row.get("dispatching_at"),
+                              command.at)
+    wall = wall_seconds_since(row.get("reserved_recorded_at") if reserved
+                              else row.get("dispatching_recorded_at"), ctx)
+    if lease_expired(elapsed, wall, lease):
+        return None
+    return {"since_dispatch_seconds": elapsed, "since_dispatch_wall_seconds": wall,
+            "lease_seconds": lease}
+
+
 def handle_reconcile_operation(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     """Resolve an unknown (or lease-expired dispatching or reserved) operation from evidence,
     once."""
@@ -79,20 +104,17 @@ def handle_reconcile_operation(command: CommandBase, ctx: DecisionContext) -> li
     if row["state"] in ("completed", "failed"):
         return _refused(command, ctx, policy, Reason(
             "operation_already_settled", "a settled operation is never reconciled again", facts))
-    lease = policy.parameters["dispatch_lease_seconds"]
-    # A reserved operation was never marked, so never sent: once its lease from the reservation
-    # has passed (its worker gone, its job given up), "not_processed" may release its grant.
     reserved = row["state"] == "reserved"
-    elapsed = seconds_between(row.get("created_at") if reserved else row.get("dispatching_at"),
-                              command.at)
     if reserved and command.resolution != "not_processed":
         return _refused(command, ctx, policy, Reason(
             "operation_never_dispatched", "the operation was never sent to a provider, so it "
             "cannot have completed", facts))
-    if row["state"] != "unknown" and (elapsed is None or elapsed < lease):
-        return _refused(command, ctx, policy, Reason(
-            "operation_in_progress", "the dispatch lease has not expired; its result may still come",
-            {**facts, "since_dispatch_seconds": elapsed, "lease_seconds": lease}))
+    if row["state"] != "unknown":
+        running = _lease_running(command, ctx, policy, row)
+        if running is not None:
+            return _refused(command, ctx, policy, Reason(
+                "operation_in_progress", "the dispatch lease has not expired; its result may "
+                "still come", {**facts, **running}))
     contradiction = _contradiction(command, row)
     if contradiction is not None:
         return _refused(command, ctx, policy, contradiction)
@@ -146,5 +168,11 @@ def _reads(command: CommandBase) -> list[tuple[str, str]]:
 
 
 HANDLERS: dict[str, Handler] = {"ReconcileOperation": handle_reconcile_operation}
+# Versions of the decision rules, each with what changed (see `handlers/base.py`).
+RULES_VERSIONS: dict[str, int] = {
+    # 2: the lease of a dispatching or reserved operation must have run out on the control
+    #    plane's clock (the log's `recorded_at`) as well as between the commands' own times.
+    "ReconcileOperation": 2,
+}
 STREAMS: dict[str, Streams] = {"ReconcileOperation": _streams}
 READS: dict[str, Reads] = {"ReconcileOperation": _reads}

@@ -88,7 +88,8 @@ class SourceRef:
 
 @dataclass(frozen=True)
 class Source:
-    """An evidence document's current status; `readers` empty means "its tenant's principals"."""
+    """An evidence document's current status; `readers` is its access list: principals beyond
+    its own tenant's that may read it."""
 
     source_ref: str
     tenant_id: str
@@ -97,10 +98,10 @@ class Source:
     readers: frozenset[str] = frozenset()
 
     def readable_by(self, principal: Principal) -> bool:
-        """True when `principal` may read this source now."""
-        if self.readers:
-            return principal.principal_id in self.readers
-        return principal.tenant_id == self.tenant_id
+        """True when `principal` may read this source now: the source belongs to the principal's
+        tenant, or its access list names the principal (spec §5.1 step 3, §6.2). A list never
+        takes the source away from its own tenant."""
+        return principal.tenant_id == self.tenant_id or principal.principal_id in self.readers
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,21 @@ def deny(step: Step, reasons: list[Reason]) -> StepVerdict:
     """A denying verdict; `reasons` must name at least one failing gate."""
     require(bool(reasons), "denial_without_reason", "reasons", "a denial needs a reason")
     return StepVerdict(step, False, tuple(reasons))
+
+
+def lease_expired(logical_seconds: float | None, wall_seconds: float | None,
+                  lease_seconds: float) -> bool:
+    """True only when a lease has run out on both clocks (spec §4, §13.2).
+
+    `logical_seconds` is measured between commands' own times, which their submitter sets;
+    None when the lease has not started. `wall_seconds` is measured on the control plane's
+    clock (the log's `recorded_at`), which no submitter sets: a command dated ahead cannot end
+    a lease early. None when the operation's row holds no such time (folded, and not rebuilt,
+    from a log older than this rule): the logical clock alone judges it, as it did then.
+    """
+    if logical_seconds is None or logical_seconds < lease_seconds:
+        return False
+    return wall_seconds is None or wall_seconds >= lease_seconds
 
 
 def count_input_tokens(input_text: str) -> int:

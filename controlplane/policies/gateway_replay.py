@@ -26,6 +26,7 @@ from controlplane.policies.gateway import (
     StepVerdict,
     allow,
     deny,
+    lease_expired,
 )
 from controlplane.policies.gateway_authorise import authorise_evidence
 from controlplane.policies.reasons import Reason, require
@@ -114,16 +115,22 @@ def _failed(stored: StoredOperation, verdict: StepVerdict, facts: dict[str, str]
 
 
 def replay_operation(stored: StoredOperation, principal: Principal, sources: Mapping[str, Source],
-                     since_dispatch_seconds: float | None, lease_seconds: float) -> ReplayDecision:
+                     since_dispatch_seconds: float | None,
+                     since_dispatch_wall_seconds: float | None,
+                     lease_seconds: float) -> ReplayDecision:
     """Re-authorise the original evidence now, then report the operation's recorded outcome.
 
-    A `dispatching` operation older than the lease is reported as an unknown outcome: its call
-    may have happened and it will never be made again.
+    A `dispatching` operation whose lease has run out on both clocks (`lease_expired`: the
+    requests' own times and the control plane's) is reported as an unknown outcome: its call
+    may have happened and it will never be made again. A request dated ahead of its clock
+    cannot make a call still running look abandoned.
     """
     require(math.isfinite(lease_seconds) and lease_seconds > 0, "lease_not_positive",
             "lease_seconds", "the dispatch lease must be a positive number of seconds")
-    require(since_dispatch_seconds is None or math.isfinite(since_dispatch_seconds),
-            "elapsed_not_finite", "since_dispatch_seconds", "elapsed time must be finite")
+    for name, elapsed in (("since_dispatch_seconds", since_dispatch_seconds),
+                          ("since_dispatch_wall_seconds", since_dispatch_wall_seconds)):
+        require(elapsed is None or math.isfinite(elapsed), "elapsed_not_finite", name,
+                "elapsed time must be finite")
     checked = authorise_evidence(principal, stored.evidence, sources)
     if not checked.allowed:
         verdict = StepVerdict(Step.REPLAY, False, checked.reasons)
@@ -141,10 +148,11 @@ def replay_operation(stored: StoredOperation, principal: Principal, sources: Map
         return ReplayDecision(outcome, verdict, (reason,))
     if stored.state is OperationState.FAILED:
         return _failed(stored, verdict, facts)
-    if since_dispatch_seconds is not None and since_dispatch_seconds >= lease_seconds:
+    if lease_expired(since_dispatch_seconds, since_dispatch_wall_seconds, lease_seconds):
         reason = Reason("outcome_unknown", "the dispatch lease expired without a recorded result; "
                         "it will not be retried",
                         {**facts, "since_dispatch_seconds": since_dispatch_seconds,
+                         "since_dispatch_wall_seconds": since_dispatch_wall_seconds,
                          "lease_seconds": lease_seconds, "lease": "dispatch_lease_expired"})
         return ReplayDecision(ReplayOutcome.OUTCOME_UNKNOWN, verdict, (reason,))
     reason = Reason("operation_in_progress", "the operation is still in progress", facts)

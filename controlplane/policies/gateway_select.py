@@ -71,6 +71,11 @@ def effective_network_policy(tenant_policy: NetworkPolicy,
     return tenant_policy
 
 
+def stricter_policy(first: NetworkPolicy, second: NetworkPolicy) -> NetworkPolicy:
+    """The stricter of two network policies: `private_only` if either is."""
+    return NetworkPolicy.PRIVATE_ONLY if NetworkPolicy.PRIVATE_ONLY in (first, second) else first
+
+
 def reserved_route_verdict(bundle: ReleaseBundle | None, profiles: Mapping[str, Profile],
                            route: Route | None, reserved_policy: NetworkPolicy,
                            tenant_policy: NetworkPolicy) -> StepVerdict:
@@ -80,8 +85,7 @@ def reserved_route_verdict(bundle: ReleaseBundle | None, profiles: Mapping[str, 
     Nothing is re-chosen: a route that no longer passes is a denial, never a fallback (spec §5.1
     step 4 hard rule); a tenant that loosened its policy since does not loosen the request's.
     """
-    policy = NetworkPolicy.PRIVATE_ONLY if NetworkPolicy.PRIVATE_ONLY in (
-        reserved_policy, tenant_policy) else reserved_policy
+    policy = stricter_policy(reserved_policy, tenant_policy)
     facts: dict[str, object] = {"route_id": None, "profile_id": None,
                                 "network_policy": policy.value, "select_code": "route_unknown"}
     if bundle is not None and route is not None:
@@ -99,10 +103,17 @@ def reserved_route_verdict(bundle: ReleaseBundle | None, profiles: Mapping[str, 
 
 
 def memory_fits(profile: Profile, route: Route) -> dict[str, object] | None:
-    """None when the route's plan holds its concurrency at the profile's context; else the facts."""
-    if route.adapter_kind is not AdapterKind.SELF_HOSTED or route.gpu_plan is None \
-            or profile.memory is None:
+    """None when the route is shown to hold the profile: a hosted route (memory is its
+    provider's), or a self-hosted one whose GPU plan holds its concurrency at the profile's
+    context window (spec §5.1 step 4, §9). Otherwise the facts: the shortfall, or what is
+    `missing` to show the fit at all (the route's `gpu_plan`, the profile's `memory`), since a
+    fit nobody can check is not a fit."""
+    if route.adapter_kind is not AdapterKind.SELF_HOSTED:
         return None
+    if route.gpu_plan is None or profile.memory is None:
+        missing = [name for name, value in (("gpu_plan", route.gpu_plan),
+                                            ("memory", profile.memory)) if value is None]
+        return {"route_id": route.route_id, "profile_id": profile.profile_id, "missing": missing}
     plan, model = route.gpu_plan, profile.memory
     deployment = DeploymentMemory(
         gpu_memory_gib=plan.gpu_memory_gib, tensor_parallel_size=plan.tensor_parallel_size,
@@ -128,8 +139,9 @@ def _first_failure(route: Route, profile: Profile, policy: NetworkPolicy) -> str
         return "private_route_required"
     if not route.ready:
         return "route_not_ready"
-    if memory_fits(profile, route) is not None:
-        return "memory_does_not_fit"
+    misfit = memory_fits(profile, route)
+    if misfit is not None:
+        return "memory_fit_unproven" if "missing" in misfit else "memory_does_not_fit"
     return None
 
 
@@ -138,6 +150,7 @@ _DENIALS = (("profile_not_compatible", "no_compatible_route"),
             ("provider_not_approved", "provider_not_approved"),
             ("private_route_required", "private_route_required"),
             ("route_not_ready", "route_not_ready"),
+            ("memory_fit_unproven", "no_compatible_route"),
             ("memory_does_not_fit", "no_compatible_route"))
 
 

@@ -106,12 +106,14 @@ def _update_operation(state: StateStore, event: RecordedEvent, changes: dict[str
 
 
 def _reserved(state: StateStore, event: RecordedEvent) -> None:
+    """A new operation. Its lease is measured on two clocks: the request's own time
+    (`created_at`, the command's) and the control plane's (`reserved_recorded_at`, the log's)."""
     operation = event.data["result"]["operation"]
     key = operation_key(operation["tenant"], operation["idempotency_key"])
     state.put(OPERATIONS, key,
               {**operation, "state": "reserved", "dispatch_count": 0, "outcome_code": None,
                "answer_event_id": None, "reserved_event_id": event.event_id, "replays": 0,
-               "updated_position": event.position})
+               "reserved_recorded_at": event.recorded_at, "updated_position": event.position})
     state.put(RESERVED_OPERATIONS, key, {"operation_id": operation["operation_id"]})
 
 
@@ -122,8 +124,11 @@ def _left_reserved(state: StateStore, event: RecordedEvent) -> None:
 
 
 def _dispatching(state: StateStore, event: RecordedEvent) -> None:
+    """Marked: its dispatch lease starts, on the request's clock (`dispatching_at`) and on the
+    control plane's (`dispatching_recorded_at`, when the mark was written)."""
     _update_operation(state, event, {"state": "dispatching", "dispatch_count": 1,
                                      "dispatching_at": event.occurred_at,
+                                     "dispatching_recorded_at": event.recorded_at,
                                      "dispatching_event_id": event.event_id})
     _left_reserved(state, event)
 

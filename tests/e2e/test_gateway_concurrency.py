@@ -22,13 +22,19 @@ from controlplane.commands.gateway import ReconcileOperation
 from controlplane.decisions import ACCEPTED
 from controlplane.gateway.fixture_provider import FIXTURE_DIR_ENV, Behaviour, Fault, FixtureProvider
 from controlplane.gateway.responses import response_for
-from controlplane.gateway.scenario import GatewayDriver, common_fixture, dispatch
+from controlplane.gateway.scenario import (
+    GatewayDriver,
+    common_fixture,
+    dispatch,
+)
 from controlplane.replay import compare_with_live, verify_decisions
 from controlplane.service import accept, decide, pending_command_ids
 from controlplane.settings import Settings
 from controlplane.state import gateway as gw
+from events import transaction
 from events.projections import SqlProjections
 from events.store import EventStore
+from tests.factories import wall_clock_after
 from workers.queue import enqueue_commands
 
 pytestmark = pytest.mark.slow
@@ -99,7 +105,7 @@ def test_eight_workers_never_overspend_one_budget_and_never_call_a_key_twice(
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_worker_dying_mid_call_leaves_the_operation_dispatching_and_never_calls_again(
-        gateway: GatewayDriver, real_redis: Redis) -> None:
+        gateway: GatewayDriver, real_redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     store, provider = gateway.store, gateway.provider
     provider.script(Fault("crash_after_send", idempotency_key="crash"))
     sent_at = datetime.now(UTC)
@@ -114,9 +120,12 @@ def test_a_worker_dying_mid_call_leaves_the_operation_dispatching_and_never_call
     assert operation is not None and operation["state"] == "dispatching"
     assert gateway.calls(key="crash") == 1
     assert gateway.budget()["reserved_units"] == GRANT_UNITS
-    # A retry by the caller is a replay: in progress, then unknown once the lease has run out.
+    # A retry by the caller is a replay: in progress, then unknown once the lease has run out
+    # (on the control plane's clock too: this process decides the retries, on a clock moved on).
     for at, outcome in ((sent_at + timedelta(seconds=5), "operation_in_progress"),
                         (sent_at + timedelta(seconds=901), "outcome_unknown")):
+        if outcome == "outcome_unknown":
+            monkeypatch.setattr(transaction, "wall_clock", wall_clock_after(901))
         retry = dispatch("alice", "crash", at=at)
         decide(store, accept(store, [retry]))
         assert response_for(store, retry.command_id)["outcome"] == outcome

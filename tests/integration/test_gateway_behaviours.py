@@ -21,6 +21,8 @@ from controlplane.commands.gateway import (
 from controlplane.gateway.fixture_provider import Fault
 from controlplane.gateway.scenario import GatewayDriver, dispatch, route, words
 from controlplane.state import gateway as gw
+from events import transaction
+from tests.factories import wall_clock_after
 
 
 def budget_figures(gateway: GatewayDriver) -> tuple[int, int]:
@@ -249,12 +251,13 @@ def test_11_a_failed_final_write_is_never_acknowledged_as_completed_nor_sent_aga
 
 
 def test_11b_when_even_the_unknown_mark_fails_the_operation_stays_dispatching_until_reconciled(
-        gateway: GatewayDriver) -> None:
+        gateway: GatewayDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     sent_at = datetime.now(UTC)
     gateway.provider.script(Fault("persist_and_mark_fail", idempotency_key="k15d"))
     assert gateway.send(dispatch("alice", "k15d", at=sent_at))["outcome"] == "dispatching"
     assert gateway.operation("acme", "k15d")["state"] == "dispatching"  # type: ignore[index]
     later = sent_at + timedelta(seconds=901)
+    monkeypatch.setattr(transaction, "wall_clock", wall_clock_after(901))  # the lease runs out
     assert gateway.send(dispatch("alice", "k15d", at=later))["outcome"] == "outcome_unknown"
     early = ReconcileOperation(tenant="acme", idempotency_key="k15d", resolution="completed",
                                evidence_ref="ledger", answer_text="late answer", output_tokens=10,

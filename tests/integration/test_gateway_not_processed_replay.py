@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from controlplane.commands.gateway import ReconcileOperation
 from controlplane.gateway.fixture_provider import Fault
 from controlplane.gateway.scenario import GatewayDriver, dispatch, route
 from controlplane.settings import Settings
+from events import transaction
+from tests.factories import wall_clock_after
 from tests.integration.test_gateway_resume import decided_without_effects
 from workers.pipeline import reconcile
 
@@ -50,11 +54,12 @@ def test_a_replay_of_an_unknown_outcome_reconciled_not_processed_answers_not_pro
 
 
 def test_a_replay_of_a_reservation_reconciled_not_processed_answers_not_processed_unsent(
-        gateway: GatewayDriver) -> None:
+        gateway: GatewayDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its worker died after the decision; past the lease the operator released the grant."""
     at = datetime.now(UTC)
     decided_without_effects(gateway, "kr", at=at)
     assert gateway.operation("acme", "kr")["state"] == "reserved"  # type: ignore[index]
+    monkeypatch.setattr(transaction, "wall_clock", wall_clock_after(901))  # the lease runs out
     gateway.run(not_processed("kr", at + timedelta(seconds=901)))
 
     replay = gateway.send(dispatch("alice", "kr", at=at + timedelta(seconds=902)))

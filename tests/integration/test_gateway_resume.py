@@ -17,13 +17,19 @@ from controlplane.commands.gateway import (
     SetNetworkPolicy,
 )
 from controlplane.deciding import Prepared, decide_batch
-from controlplane.gateway import mark
 from controlplane.gateway.fixture_provider import Fault
-from controlplane.gateway.scenario import MEMORY_8B, GatewayDriver, dispatch, route
+from controlplane.gateway.scenario import (
+    MEMORY_8B,
+    GatewayDriver,
+    dispatch,
+    route,
+)
 from controlplane.policy_book import PolicyBook
 from controlplane.service import accept, decide, unfinished_command_ids
 from controlplane.settings import Settings
 from controlplane.state import gateway as gw
+from events import transaction
+from tests.factories import wall_clock_after
 from tests.fleet_helpers import decision
 from workers.pipeline import reconcile
 
@@ -60,7 +66,7 @@ def test_operations_a_dead_worker_never_marked_are_reserved_unsent_and_reconcile
 
 
 def test_a_reserved_operation_reconciled_as_not_processed_is_never_sent(
-        gateway: GatewayDriver) -> None:
+        gateway: GatewayDriver, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its worker gone and its job given up, after the lease the operator releases the grant:
     a worker resuming it later finds it settled and calls nothing."""
     at = datetime.now(UTC)
@@ -72,7 +78,9 @@ def test_a_reserved_operation_reconciled_as_not_processed_is_never_sent(
                               at=at + timedelta(seconds=901))
     late = ReconcileOperation(tenant="acme", idempotency_key="stuck", resolution="not_processed",
                               evidence_ref="ops-ticket", at=at + timedelta(seconds=902))
-    gateway.run(early, done, late)
+    gateway.run(early)
+    monkeypatch.setattr(transaction, "wall_clock", wall_clock_after(901))  # the lease runs out
+    gateway.run(done, late)
     codes = [decision(gateway.store, c.command_id).data["reasons"][0]["code"]
              for c in (early, done, late)]
     assert codes == ["operation_in_progress", "operation_never_dispatched",
@@ -88,8 +96,7 @@ def test_a_reservation_resumed_past_its_lease_is_never_sent_and_its_grant_is_rel
     """Its worker died and the job came back after the lease (wall clock): the caller was told
     the outcome is unknown and the route or its authorisation may have changed since."""
     ids = decided_without_effects(gateway, "stale", at=datetime.now(UTC))
-    lease = 900.0  # the gateway policy's default dispatch_lease_seconds
-    monkeypatch.setattr(mark, "seconds_since", lambda recorded_at: lease + 1)
+    monkeypatch.setattr(transaction, "wall_clock", wall_clock_after(901))  # past the 900 s lease
     reconcile(Settings.from_env(), gateway.store)
     assert gateway.calls(key="stale") == 0
     operation = gateway.operation("acme", "stale")
@@ -149,6 +156,7 @@ def _withdrawal(kind: str, at: datetime) -> CommandBase:
     withdrawals: dict[str, CommandBase] = {
         "route_not_ready": route("sh-1", ready=False, at=at),
         "route_not_private": route("sh-1", private=False, at=at),
+        # carol (tenant beta) reads acme's doc-a through its access list, until taken off it.
         "reader_removed": RegisterSource(tenant="acme", source_ref="doc-a", version=3,
                                          readers=["bob"], at=at),
         "profile_unapproved": _small_profile(at, approved=False),
@@ -178,6 +186,8 @@ def test_a_reservation_resumed_within_its_lease_is_re_authorised_just_before_its
     the call, whether `reconcile` or the job delivered again resumes it."""
     at = datetime.now(UTC)
     principal = "alice"
+    if withdrawal == "reader_removed":  # beta's request, on acme's sources by their list
+        principal = "carol"
     if withdrawal == "tenant_private_only":  # beta's request, reserved on the hosted route
         principal = "carol"
         gateway.run(route("sh-1", ready=False, at=at))
@@ -188,7 +198,7 @@ def test_a_reservation_resumed_within_its_lease_is_re_authorised_just_before_its
     decide_batch(store, [Prepared(request.command_id, accepted, request)], PolicyBook())
     reserved = gateway.operation(request.tenant, "late")
     assert reserved is not None and reserved["state"] == "reserved"
-    assert reserved["route_id"] == ("hc-1" if principal == "carol" else "sh-1")
+    assert reserved["route_id"] == ("hc-1" if withdrawal == "tenant_private_only" else "sh-1")
     gateway.run(_withdrawal(withdrawal, at + timedelta(seconds=1)))
 
     if resumed_by == "reconcile":

@@ -128,6 +128,24 @@ def test_a_70b_bf16_profile_does_not_fit_the_self_hosted_plan_at_tp1() -> None:
     assert chosen((tp2, HC1), bundle=big) == "sh-1"
 
 
+def test_a_self_hosted_route_that_cannot_show_the_memory_fit_is_not_compatible() -> None:
+    """No GPU plan, or a profile without memory parameters: nothing shows the fit, so the route
+    is ruled out as a misfit would be, never waved through (spec §5.1 step 4, §9)."""
+    big = ReleaseBundle("rel-70b", "chat-70b", GateStatus.APPROVED)
+    unplanned = replace(SH1, gpu_plan=None)
+    assert chosen((unplanned, HC1), bundle=big) == "no_compatible_route"
+    assert chosen((unplanned, HC1), NetworkPolicy.HOSTED_ALLOWED, bundle=big) == "hc-1"
+    unsized = {**PROFILES, "chat-small-v1": replace(SMALL, memory=None)}
+    selection = select_route(REL1, unsized, (SH1, HC1), NetworkPolicy.PRIVATE_ONLY)
+    assert selection.verdict.code == "no_compatible_route"
+    facts = selection.verdict.reasons[0].facts
+    assert facts["rulings"] == {"hc-1": "private_route_required", "sh-1": "memory_fit_unproven"}
+    assert facts["memory"] == [{"route_id": "sh-1", "profile_id": "chat-small-v1",
+                                "missing": ["memory"]}]
+    # A hosted route's memory is its provider's: it is not asked to show a fit.
+    assert select_route(REL1, unsized, (HC1,), NetworkPolicy.HOSTED_ALLOWED).route == HC1
+
+
 def test_route_choice_prefers_private_then_the_lowest_route_id() -> None:
     sh0 = replace(SH1, route_id="sh-0")
     assert chosen((SH1, HC1, sh0), NetworkPolicy.HOSTED_ALLOWED) == "sh-0"

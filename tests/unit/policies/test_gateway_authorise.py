@@ -44,6 +44,19 @@ def test_an_active_readable_evidence_set_is_authorised() -> None:
     assert authorise_evidence(CAROL, REL1, SOURCES).allowed  # listed as a reader across tenants
 
 
+def test_a_source_of_the_callers_own_tenant_is_readable_whatever_its_access_list() -> None:
+    """Spec §5.1 step 3: the source belongs to the caller's tenant, or the caller's access list
+    allows it. The list adds readers from other tenants; it never removes the owner's."""
+    dave, erin = Principal("dave", "acme", True), Principal("erin", "beta", True)
+    assert authorise_evidence(dave, REL1, SOURCES).allowed
+    assert SOURCES["doc-a"].readable_by(dave)
+    assert not SOURCES["doc-a"].readable_by(erin)
+    assert not SOURCES["doc-c"].readable_by(CAROL)  # no list: its tenant's principals only
+    denied = authorise_evidence(erin, REL1, SOURCES)
+    assert denied.code == "source_forbidden"
+    assert denied.reasons[0].facts["source_refs"] == ["doc-a", "doc-b"]
+
+
 def test_partial_revocation_denies_listing_exactly_the_revoked_ref() -> None:
     verdict = authorise_evidence(ALICE, REL1, revoked("doc-b"))
     assert not verdict.allowed

@@ -37,8 +37,11 @@ LEASE = 900.0
 
 
 def outcome(stored: StoredOperation, sources: dict[str, Source] = SOURCES,
-            elapsed: float | None = 1.0) -> ReplayOutcome:
-    return replay_operation(stored, ALICE, sources, elapsed, LEASE).outcome
+            elapsed: float | None = 1.0, wall_elapsed: float | None = None) -> ReplayOutcome:
+    """The replay's outcome, `elapsed` on the requests' clock and (unless told) the same on the
+    control plane's."""
+    wall = elapsed if wall_elapsed is None else wall_elapsed
+    return replay_operation(stored, ALICE, sources, elapsed, wall, LEASE).outcome
 
 
 def test_the_fingerprint_ignores_tenant_and_key_but_not_principal_pointer_or_input() -> None:
@@ -86,14 +89,36 @@ def test_a_failed_operation_no_provider_refused_replays_as_not_processed() -> No
 def test_a_dispatching_operation_past_its_lease_is_reported_unknown_at_the_boundary() -> None:
     dispatching = replace(STORED, state=OperationState.DISPATCHING, outcome_code=None)
     assert outcome(dispatching, elapsed=LEASE - 0.001) is ReplayOutcome.IN_PROGRESS
-    decision = replay_operation(dispatching, ALICE, SOURCES, LEASE, LEASE)
+    decision = replay_operation(dispatching, ALICE, SOURCES, LEASE, LEASE, LEASE)
     assert decision.outcome is ReplayOutcome.OUTCOME_UNKNOWN
     assert decision.reasons[0].facts["lease"] == "dispatch_lease_expired"
+    assert decision.reasons[0].facts["since_dispatch_wall_seconds"] == LEASE
+
+
+def test_a_request_dated_past_the_lease_is_in_progress_until_the_control_planes_clock_agrees(
+        ) -> None:
+    """The requests' times are their submitters' claims: a replay dated 1,000 s after a call
+    made 2 s ago must not report as abandoned a call that may still answer."""
+    dispatching = replace(STORED, state=OperationState.DISPATCHING, outcome_code=None)
+    assert outcome(dispatching, elapsed=1_000.0, wall_elapsed=2.0) is ReplayOutcome.IN_PROGRESS
+    assert outcome(dispatching, elapsed=2.0, wall_elapsed=1_000.0) is ReplayOutcome.IN_PROGRESS
+    assert outcome(dispatching, elapsed=1_000.0, wall_elapsed=LEASE) is \
+        ReplayOutcome.OUTCOME_UNKNOWN
+
+
+def test_an_operation_folded_without_its_wall_clock_dispatch_time_is_judged_on_request_times(
+        ) -> None:
+    """A row from a log older than the two-clock rule (not rebuilt) decides as it did then."""
+    dispatching = replace(STORED, state=OperationState.DISPATCHING, outcome_code=None)
+    decision = replay_operation(dispatching, ALICE, SOURCES, LEASE, None, LEASE)
+    assert decision.outcome is ReplayOutcome.OUTCOME_UNKNOWN
+    assert replay_operation(dispatching, ALICE, SOURCES, 1.0, None, LEASE).outcome is \
+        ReplayOutcome.IN_PROGRESS
 
 
 def test_a_revoked_original_source_withholds_the_saved_answer_and_restoring_serves_it() -> None:
     revoked = {**SOURCES, "doc-b": replace(SOURCES["doc-b"], active=False)}
-    decision = replay_operation(STORED, ALICE, revoked, 1.0, LEASE)
+    decision = replay_operation(STORED, ALICE, revoked, 1.0, 1.0, LEASE)
     assert decision.outcome is ReplayOutcome.DENIED and decision.verdict.step is Step.REPLAY
     assert decision.verdict.code == "source_revoked"
     assert decision.reasons[0].facts["source_refs"] == ["doc-b"]
@@ -108,7 +133,7 @@ def test_an_unknown_outcome_is_also_withheld_from_a_caller_who_lost_the_evidence
 def test_a_non_positive_or_non_finite_lease_is_refused() -> None:
     for lease in (0.0, -1.0, math.inf, math.nan):
         with pytest.raises(PolicyInputError) as error:
-            replay_operation(STORED, ALICE, SOURCES, 1.0, lease)
+            replay_operation(STORED, ALICE, SOURCES, 1.0, 1.0, lease)
         assert error.value.field == "lease_seconds"
 
 
