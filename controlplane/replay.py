@@ -281,6 +281,41 @@ def _continues(group: list[RecordedEvent], event: RecordedEvent) -> bool:
     return event.command_id == group[0].command_id and event.event_type not in OBSERVATIONS
 
 
+# Events a decision's window is first read back over; doubled while the decision starts before.
+_CUT_WINDOW = 64
+
+
+def whole_decisions_cut(store: EventStore, position: int) -> int:
+    """`position`, or the last position before it that no decision runs past: the end of the
+    last decision wholly at or before `position`.
+
+    A decision's events (and the follow-up commands it accepts) are appended in one
+    transaction, so a state folded to a position inside them was never committed: a replica
+    placed on a GPU that still counts as free. A cut there moves back to just before that
+    decision. (Positions past the head are the head's; 0 is 0.)
+    """
+    window = _CUT_WINDOW
+    while True:
+        start = max(0, position - window)
+        events = list(store.read_all(from_position=start, to_position=position + 1))
+        if not events or events[-1].position <= position:
+            return position  # nothing after the cut: no decision runs past it
+        *upto, after = events
+        group: list[RecordedEvent] = []
+        for event in upto:
+            if group and _continues(group, event):
+                group.append(event)
+            elif event.event_type not in (ACCEPTED, *OBSERVATIONS) and event.command_id:
+                group = [event]
+            else:
+                group = []
+        if not group or not _continues(group, after):
+            return position
+        if group[0].position > start + 1 or start == 0:
+            return group[0].position - 1
+        window *= 2  # the decision may begin before the window: read further back
+
+
 def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
                      to_position: int | None = None,
                      progress: ProgressFn | None = None) -> VerifyReport:
@@ -366,7 +401,10 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any],
     if _canonical(left) != _canonical(right):  # as stored: 1, 1.0 and true differ
         changed = sorted({key for a, b in zip(left, right, strict=False)
                           for key in set(a["data"]) | set(b["data"])
-                          if _differs(a["data"], b["data"], key)})
+                          if _differs(a["data"], b["data"], key)}
+                         # An event's type or stream, which its data does not hold.
+                         | {field for a, b in zip(left, right, strict=False)
+                            for field in ("event_type", "stream_id") if a[field] != b[field]})
         if len(left) != len(right):
             changed.append("event_count")
         version = next((e.data.get("rules_version", 1) for e in group if "outcome" in e.data), 1)

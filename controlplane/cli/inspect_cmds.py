@@ -11,7 +11,7 @@ from controlplane.cli.output import emit, table
 from controlplane.cli.status_view import render_status
 from controlplane.errors import InputError
 from controlplane.explain import explain_id
-from controlplane.replay import state_at
+from controlplane.replay import state_at, whole_decisions_cut
 from events.projections import load_all
 from events.verify import MAX_POSITION, parse_anchor, verify_log
 
@@ -42,7 +42,8 @@ def status(at_position: int | None, as_json: bool) -> None:
             projections = load_all(conn)
         position = head
     else:
-        position = min(at_position, head)
+        # Never inside a decision: a state folded there was never committed (`whole_decisions_cut`).
+        position = whole_decisions_cut(store, min(at_position, head))
         projections = state_at(store, position).snapshot()
     emit({"position": position, "projections": projections}, as_json, render_status)
 

@@ -11,12 +11,21 @@ from controlplane.cli.context import settings_and_store
 from controlplane.cli.output import emit, progress
 from controlplane.cli.status_view import render_status
 from controlplane.policy_book import PolicyBook, load_overrides
-from controlplane.replay import compare_with_live, rebuild_live, state_at, verify_decisions
+from controlplane.replay import (
+    compare_with_live,
+    rebuild_live,
+    state_at,
+    verify_decisions,
+    whole_decisions_cut,
+)
 
 
 def _render(report: dict[str, Any]) -> str:
     lines = []
     if "state" in report:
+        if "requested_position" in report:
+            lines.append(f"position {report['requested_position']} is inside a decision: the "
+                         f"state as of {report['position']}, before it")
         lines.append(render_status({"position": report["position"],
                                     "projections": report["state"]}))
     if "projection_differences" in report:
@@ -35,7 +44,8 @@ def _render(report: dict[str, Any]) -> str:
                          f"{len(drifts) - len(older)} under today's")
         if report.get("decisions_unchecked"):
             lines.append(f"  {report['decisions_unchecked']} decision(s) left unchecked: their"
-                         f" events run past position {report['position']}")
+                         " events run past position "
+                         f"{report.get('requested_position', report['position'])}")
         for drift in drifts[:50]:
             rules = (f"; rules {drift['rules_version']} -> {drift['current_rules_version']}"
                      if drift["older_rules"] else "")
@@ -87,9 +97,13 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
         with progress("rebuild: events folded", store.head()[0]) as report_progress:
             report["rebuilt_events"] = rebuild_live(store, report_progress)
     if to_position is not None:
-        report["position"] = to_position
-        with progress("replay: events folded", to_position) as report_progress:
-            report["state"] = state_at(store, to_position, report_progress).snapshot()
+        # Never inside a decision: a state folded there was never committed; --verify's
+        # counts stay as the cut was asked (the decision is left unchecked there).
+        report["position"] = whole_decisions_cut(store, to_position)
+        if report["position"] != to_position:
+            report["requested_position"] = to_position
+        with progress("replay: events folded", report["position"]) as report_progress:
+            report["state"] = state_at(store, report["position"], report_progress).snapshot()
     elif not (verify_ or policy_file):
         with progress("replay: events folded", store.head()[0]) as report_progress:
             report["projection_differences"] = compare_with_live(store, report_progress)

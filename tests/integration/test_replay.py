@@ -15,15 +15,23 @@ from sqlalchemy.engine import Connection
 import controlplane.replay
 from controlplane.commands import command_adapter
 from controlplane.policy_book import PolicyBook, load_overrides
-from controlplane.replay import compare_with_live, rebuild_live, state_at, verify_decisions
+from controlplane.replay import (
+    compare_with_live,
+    rebuild_live,
+    state_at,
+    verify_decisions,
+    whole_decisions_cut,
+)
 from controlplane.runtime import open_store
 from controlplane.service import accept
 from controlplane.settings import Settings
 from events.canonical import canonical_json
+from events.model import StreamAppend
 from events.projections import load_all
 from events.store import EventStore
 from tests.cli_helpers import run_cli
 from tests.factories import assess_memory, place_replica, register_model, register_node
+from tests.factories import event as factory_event
 from tests.fleet_helpers import run
 from workers.queue import enqueue_commands
 from workers.runner import work
@@ -191,3 +199,46 @@ def test_rederived_decisions_are_compared_as_canonical_json(store: EventStore) -
     assert changed == 1
     drifts = verify_decisions(store).drifts
     assert [(d.command_id, d.changed_fields) for d in drifts] == [("typed", ["result"])]
+
+
+def test_a_cut_inside_a_decision_shows_the_state_before_it_never_a_half_applied_one(
+        store: EventStore) -> None:
+    # A placement appends ReplicaPlaced and GpusReserved in one transaction: folded to the
+    # first alone, the replica was warming on a GPU that still counted as free.
+    run(store, register_node("n1", gpus=2), register_model(), place_replica("r1"))
+    placed = next(e for e in store.read_all() if e.event_type == "ReplicaPlaced")
+    reserved = next(e for e in store.read_all() if e.event_type == "GpusReserved")
+    assert reserved.position == placed.position + 1
+    assert whole_decisions_cut(store, placed.position) == placed.position - 1
+    assert whole_decisions_cut(store, reserved.position) == reserved.position
+    cut = json.loads(run_cli("replay", "--to", str(placed.position), "--json").output)
+    assert (cut["position"], cut["requested_position"]) == (placed.position - 1, placed.position)
+    assert "r1" not in cut["state"].get("replica", {})
+    status = json.loads(run_cli("status", "--at", str(placed.position), "--json").output)
+    assert status["position"] == placed.position - 1
+    whole = json.loads(run_cli("replay", "--to", str(reserved.position), "--json").output)
+    assert whole["position"] == reserved.position and "requested_position" not in whole
+    assert whole["state"]["replica"]["r1"]["state"] == "warming"
+
+
+def test_a_decision_longer_than_the_window_read_back_is_still_cut_whole(
+        store: EventStore) -> None:
+    store.append([StreamAppend("s/big", None, [factory_event(str(i), command_id="big")
+                                               for i in range(300)])])
+    store.append([StreamAppend("s/next", None, [factory_event("n", command_id="next")])])
+    assert [whole_decisions_cut(store, p) for p in (0, 1, 150, 299, 300, 301, 999)] == [
+        0, 0, 0, 0, 300, 301, 999]
+
+
+def test_a_drift_of_an_events_type_or_stream_names_it(store: EventStore) -> None:
+    # Only keys of the events' data were compared: such a drift listed no changed field.
+    decide_through_the_queue(store, [assess_memory("typed")])
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE events SET event_type = 'MemoryAssessedX'"
+                          " WHERE event_type = 'MemoryAssessed'"))
+    assert [d.changed_fields for d in verify_decisions(store).drifts] == [["event_type"]]
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE events SET event_type = 'MemoryAssessed', stream_id = 'memory/x'"
+                          " WHERE event_type = 'MemoryAssessedX'"))
+    assert [d.changed_fields for d in verify_decisions(store).drifts] == [["stream_id"]]
+
