@@ -115,3 +115,16 @@ def test_a_negative_parameter_count_is_refused() -> None:
     with pytest.raises(PolicyInputError) as error:
         assess_memory(ModelMemory(-1, 16, 32, 8, 128), plan(MODEL_8B))
     assert error.value.field == "parameters"
+
+
+@pytest.mark.parametrize(("model", "tp", "tokens", "sequences"), [
+    (MODEL_8B, 1, 467_753, 57),
+    (MODEL_70B, 2, 44_613, 5),
+    (ModelMemory(70_000_000_000, 4, 80, 8, 128), 1, 129_118, 15),  # int4 weights, bf16 KV
+], ids=["8b_tp1", "70b_tp2", "70b_int4_tp1"])
+def test_token_capacity_and_sequences_match_the_spec_worked_table(
+        model: ModelMemory, tp: int, tokens: int, sequences: int) -> None:
+    # Spec §9's worked values: floor(free / per-token KV) and floor(free / (per-token KV x 8,192)).
+    assessment = assess_memory(model, plan(model, tp=tp))
+    assert assessment.kv_capacity_tokens == tokens
+    assert assessment.max_concurrency == sequences
