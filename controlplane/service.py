@@ -124,7 +124,8 @@ def decide(store: EventStore, command_ids: Sequence[str],
 
     A command already decided is not decided again: its recorded events are returned, so a job
     delivered twice appends nothing. Unknown ids are skipped with a warning. Follow-up commands
-    a decision issued are passed to `enqueue` after commit (else `reconcile` finds them).
+    a decision issued are passed to `enqueue` after commit; so are those of a command delivered
+    again that are still undecided (the delivery that decided it died before enqueueing them).
 
     The inbox is read and parsed before the append lock is taken; the batch is then decided
     and appended under the lock (`controlplane.deciding.decide_batch`), which checks again that
@@ -141,10 +142,26 @@ def decide(store: EventStore, command_ids: Sequence[str],
     outcomes = [by_id[command_id] for command_id in ids if command_id in by_id]
     issued = [e.command_id for o in outcomes if o.decided_now for e in o.events
               if e.event_type == ACCEPTED and e.command_id]
+    redelivered = [o for o in outcomes if not o.decided_now]
+    if redelivered and enqueue is not None:  # a delivery that died after its commit
+        issued += _undecided_follow_ups(store, redelivered)
     if issued and enqueue is not None:
         enqueue(issued)  # before the effects: one that raises (to be resumed) leaves them queued
     run_effects(store, outcomes)
     return outcomes
+
+
+def _undecided_follow_ups(store: EventStore, outcomes: Sequence[Outcome]) -> list[str]:
+    """The still undecided commands that these recorded decisions issued (scale-ups issue
+    placements): a delivery that died between its commit and enqueueing them left them only
+    in the inbox. Found by causation, as `issue_command` records it."""
+    causes = {e.event_id for o in outcomes for e in o.events}
+    pending = pending_command_ids(store)
+    if not causes or not pending:
+        return []
+    recorded = store.events_for_commands(pending)
+    return [c for c in pending
+            if any(e.event_type == ACCEPTED and e.causation_id in causes for e in recorded[c])]
 
 
 def _prepare(store: EventStore, connection: Connection,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -36,8 +37,57 @@ def _positive_int(name: str, default: int, maximum: int) -> int:
     return value
 
 
+# RQ job ids (ours embed the queue name: workers.queue.batch_job_id) take only these.
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,100}")
+# Redis numbers its databases with a signed 32-bit index; how many a server has is its config.
+_MAX_REDIS_DB = 2**31 - 1
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def checked_queue_name(name: str, source: str) -> str:
+    """`name` when it can name an RQ queue and our job ids; InputError naming `source` if not."""
+    if not _QUEUE_NAME.fullmatch(name):
+        raise InputError(f"{source} must be 1 to 100 letters, digits, '_' or '-' (it is part of "
+                         f"every job id), got {name[:40]!r}")
+    return name
+
+
+def checked_redis_url(url: str, source: str = "FLEET_REDIS_URL") -> str:
+    """`url` when Redis can be reached by it as written; InputError naming `source` if not.
+
+    redis-py reads a database index it cannot parse as 0: `redis://host/abc` would silently
+    share database 0 with another fleet, so the index must be a whole number here.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in REDIS_SCHEMES:
+        raise InputError(f"{source} must start with redis://, rediss:// or unix://, "
+                         f"got {redacted_url(url)[:60]!r}")
+    try:
+        parts.port  # noqa: B018 - parsing it is the check
+    except ValueError:
+        raise InputError(f"{source} has a port that is not a number from 0 to 65535") from None
+    indexes = [value for key, value in _query_pairs(parts.query) if key == "db"]
+    if parts.scheme != "unix" and parts.path.strip("/"):
+        indexes.append(parts.path.strip("/"))
+    for index in indexes:
+        if not (index.isascii() and index.isdigit()) or int(index) > _MAX_REDIS_DB:
+            raise InputError(f"{source} names database {index[:20]!r}; a Redis database is a "
+                             f"whole number from 0 to {_MAX_REDIS_DB}")
+    return url
+
+
+def _query_pairs(query: str) -> list[tuple[str, str]]:
+    return [(key, value) for key, _, value in (pair.partition("=")
+                                                for pair in query.split("&") if pair)]
+
+
 def _queue_from_env() -> str:
-    return os.environ.get("FLEET_QUEUE") or COMMAND_QUEUE
+    return checked_queue_name(os.environ.get("FLEET_QUEUE") or COMMAND_QUEUE, "FLEET_QUEUE")
+
+
+def _redis_url_from_env() -> str | None:
+    raw = os.environ.get("FLEET_REDIS_URL") or None
+    return None if raw is None else checked_redis_url(raw)
 
 
 DEFAULT_BATCH_SIZE = 1_000
@@ -61,7 +111,7 @@ class Settings:
     def from_env(cls) -> Settings:
         return cls(
             database_url=os.environ.get("FLEET_DATABASE_URL") or DEFAULT_DATABASE_URL,
-            redis_url=os.environ.get("FLEET_REDIS_URL") or None,
+            redis_url=_redis_url_from_env(),
             batch_size=_positive_int("FLEET_BATCH_SIZE", DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE),
             job_timeout_seconds=_positive_int("FLEET_JOB_TIMEOUT_SECONDS", 600,
                                               MAX_JOB_TIMEOUT_SECONDS),

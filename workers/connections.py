@@ -7,6 +7,7 @@ from functools import lru_cache
 
 import fakeredis
 from redis import Redis
+from redis.exceptions import AuthenticationError, ResponseError
 
 from controlplane.errors import InputError, OperationalError
 from controlplane.settings import Settings
@@ -49,12 +50,27 @@ def queue_connection(settings: Settings) -> Redis:
 
 def reachable(connection: Redis) -> Redis:
     """`connection` once it answers; OperationalError, naming no password, when it does not."""
+    problem = probe(connection)
+    if problem is not None:
+        raise problem
+    return connection
+
+
+def probe(connection: Redis) -> OperationalError | None:
+    """None when `connection` answers; the OperationalError to raise when Redis is unreachable.
+
+    A server that answers but refuses what the URL asks (a database index past its
+    `databases`, a wrong password) is a configuration error, not an outage: InputError now,
+    so that a caller that probes first writes nothing.
+    """
     try:
         connection.ping()
+    except (ResponseError, AuthenticationError) as error:
+        raise InputError(f"FLEET_REDIS_URL: the Redis at {_address(connection)} refuses it: "
+                         f"{error}") from None
     except Exception as error:  # redis raises several unrelated types for "unreachable"
-        raise OperationalError(f"Redis at {_address(connection)} is unreachable: {error}") \
-            from None
-    return connection
+        return OperationalError(f"Redis at {_address(connection)} is unreachable: {error}")
+    return None
 
 
 def connect(settings: Settings) -> Redis:

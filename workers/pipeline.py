@@ -14,7 +14,7 @@ from controlplane.errors import OperationalError
 from controlplane.service import Outcome, accept, pending_command_ids, unfinished_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
-from workers.connections import connect, queue_connection, reachable, redis_url_in_use
+from workers.connections import connect, probe, queue_connection, redis_url_in_use
 from workers.queue import enqueue_commands
 from workers.runner import work
 
@@ -81,14 +81,18 @@ def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase
            lines: Sequence[int] | None = None, deadline: float | None = None) -> Submitted:
     """Record `commands` in the inbox, then enqueue those still undecided in batches.
 
-    A malformed Redis URL is refused before anything is written. The inbox is written first:
-    if enqueueing fails, `reconcile` finds the commands later, and submitting them again
-    enqueues them again. On the embedded queue the work runs here, until `deadline` if given.
+    A malformed Redis URL, or one the server refuses (a database it does not have), is
+    refused before anything is written. An unreachable Redis is not: the inbox is written
+    first, then OperationalError; `reconcile` finds the commands later, and submitting them
+    again enqueues them again. On the embedded queue the work runs here, until `deadline`.
     """
     connection = queue_connection(settings)
+    unreachable = probe(connection)
     accepted = accept(store, commands, lines)
     undecided = _with_undecided_resubmissions(store, commands, accepted)
-    job_ids = enqueue_commands(reachable(connection), settings, undecided)
+    if unreachable is not None:
+        raise unreachable
+    job_ids = enqueue_commands(connection, settings, undecided)
     ran = _run_embedded_if_needed(settings, connection, deadline)
     return Submitted(accepted, job_ids, ran)
 

@@ -16,7 +16,7 @@ from controlplane.errors import InputError, SubmissionRejected
 from controlplane.handlers import autoscaling
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import state_at, verify_decisions
-from controlplane.service import accept, pending_command_ids
+from controlplane.service import accept, decide, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
 from tests.cli_helpers import run_cli
@@ -151,6 +151,21 @@ def test_follow_up_placements_are_enqueued_and_worked_by_a_real_worker(
     run(store, *fleet("r1"))
     accepted = accept(store, [command_adapter.validate_python(observe("load-1", 10, 250.0))])
     enqueue_commands(queue_redis, Settings(), accepted)
+    forking = not queue_redis.__class__.__module__.startswith("fakeredis")
+    work(queue_redis, [Settings.from_env().command_queue], burst=True, forking=forking)
+    assert pending_command_ids(store) == []
+    assert sorted(pool(store)["warming"]) == ["chat-as1", "chat-as2"]
+    assert_replay_exact(store)
+
+
+def test_follow_ups_a_dead_delivery_did_not_enqueue_are_enqueued_when_it_is_delivered_again(
+        store: EventStore, queue_redis: Redis) -> None:
+    run(store, *fleet("r1"))
+    accepted = accept(store, [command_adapter.validate_python(observe("load-1", 10, 250.0))])
+    # Decided and committed, then the work horse died before it enqueued the placements.
+    [outcome] = decide(store, accepted, enqueue=None)
+    assert outcome.decided_now and len(pending_command_ids(store)) == 2
+    enqueue_commands(queue_redis, Settings(), accepted)  # RQ's retry delivers the job again
     forking = not queue_redis.__class__.__module__.startswith("fakeredis")
     work(queue_redis, [Settings.from_env().command_queue], burst=True, forking=forking)
     assert pending_command_ids(store) == []

@@ -1,0 +1,105 @@
+"""A queue name or Redis URL that cannot work is refused (exit 2, naming the variable) before
+anything is written: before, `FLEET_QUEUE=fleet.prod` failed with a traceback after the inbox
+was written, and `redis://host/abc` silently used database 0."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from redis.connection import parse_url
+
+from controlplane.errors import InputError
+from controlplane.runtime import open_store
+from controlplane.settings import Settings, checked_redis_url
+from tests.cli_helpers import run_cli
+from tests.factories import assess_memory
+
+
+@pytest.fixture
+def commands(tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+    monkeypatch.delenv("FLEET_QUEUE", raising=False)
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps(assess_memory("a")) + "\n")
+    return path
+
+
+def database_file(tmp_path: Path) -> Path:
+    return tmp_path / "fleet.db"
+
+
+def assert_refused_naming(result: object, variable: str) -> None:
+    assert result.exit_code == 2, result.stderr  # type: ignore[attr-defined]
+    stderr: str = result.stderr  # type: ignore[attr-defined]
+    assert stderr.startswith(f"error: {variable}") and len(stderr.splitlines()) == 1, stderr
+
+
+@pytest.mark.parametrize("name", ["fleet.prod", "a b", "q" * 101, "fleet:prod", "café"])
+def test_a_queue_name_rq_cannot_use_is_refused_before_the_log_is_created(
+        name: str, commands: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_QUEUE", name)
+    for args in (["submit", str(commands)], ["reconcile"], ["status"]):
+        assert_refused_naming(run_cli(*args), "FLEET_QUEUE")
+    assert not database_file(tmp_path).exists()
+
+
+def test_a_queue_name_of_letters_digits_dashes_and_underscores_is_served(
+        commands: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_QUEUE", "Fleet_prod-2")
+    result = run_cli("submit", str(commands), "--json")
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.output)["decisions"][0]["outcome"] == "fits"
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/abc", "redis://127.0.0.1:6379/-1",
+                                 "redis://127.0.0.1:6379/0?db=x", "redis://127.0.0.1:port/0",
+                                 "redis://127.0.0.1:70000/0", "http://127.0.0.1:6379/0",
+                                 "notaurl", "redis://127.0.0.1:6379/2147483648"])
+def test_a_redis_url_redis_py_would_misread_is_refused_before_the_log_is_created(
+        url: str, commands: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_REDIS_URL", url)
+    for args in (["submit", str(commands)], ["reconcile"], ["worker", "--burst"]):
+        assert_refused_naming(run_cli(*args), "FLEET_REDIS_URL")
+    assert not database_file(tmp_path).exists()
+
+
+@pytest.mark.parametrize("url, db", [("redis://h:6379/0", 0), ("redis://h", 0),
+                                     ("redis://h/", 0), ("rediss://u:p@h:1/3", 3),
+                                     ("redis://h?db=4", 4), ("unix:///tmp/r.sock?db=2", 2)])
+def test_every_redis_url_form_redis_py_reads_as_written_is_accepted(url: str, db: int) -> None:
+    assert checked_redis_url(url) == url
+    assert parse_url(url).get("db", 0) == db  # the index we let through is the one used
+
+
+def test_the_refusal_names_no_password() -> None:
+    with pytest.raises(InputError) as refused:
+        checked_redis_url("http://user:s3cret@h:1/0")
+    assert "s3cret" not in str(refused.value)
+
+
+def test_settings_read_the_validated_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_REDIS_URL", "redis://h:1/7")
+    assert Settings.from_env().redis_url == "redis://h:1/7"
+
+
+def test_a_database_index_the_server_does_not_have_is_refused_before_the_inbox_is_written(
+        commands: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, the commands were recorded and the refusal read as an outage (exit 3).
+    real = os.environ.get("FLEET_TEST_REDIS_URL")
+    if not real:
+        pytest.skip("FLEET_TEST_REDIS_URL is not set")
+    options = parse_url(real)
+    monkeypatch.setenv("FLEET_REDIS_URL",
+                       f"redis://{options.get('host', '127.0.0.1')}:{options.get('port', 6379)}"
+                       f"/{2**31 - 1}")
+    result = run_cli("submit", str(commands))
+    assert_refused_naming(result, "FLEET_REDIS_URL")
+    assert "out of range" in result.stderr
+    store = open_store(sqlite_url)
+    try:
+        assert store.head()[0] == 0
+    finally:
+        store.engine.dispose()
