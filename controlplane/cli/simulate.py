@@ -7,49 +7,81 @@ replica (a decision, recorded in the log).
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import click
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
+from controlplane.cli.context import FiniteFloatRange
 from controlplane.cli.output import emit, progress
 from controlplane.errors import InputError
 from controlplane.files import check_writable
 from controlplane.runtime import open_store
 from controlplane.settings import redacted_url
 from controlplane.simulation.chart import write_chart
-from controlplane.simulation.config import SimulationConfig
+from controlplane.simulation.config import MAX_REPLICAS, SimulationConfig
 from controlplane.simulation.fleet import resolve_catalog
 from controlplane.simulation.report import build_report, render
 from controlplane.simulation.routing import Routing
 from controlplane.simulation.run import Simulation
 from controlplane.simulation.traces import read_trace
 
+REPLICAS = click.IntRange(min=1, max=MAX_REPLICAS)  # why this bound: `MAX_REPLICAS`
+
 
 def _log_url(log: str, overwrite: bool) -> str:
-    """The simulation's own log: a fresh SQLite file (or an empty database named by URL)."""
+    """The URL of the simulation's own log: a fresh SQLite file (or an empty database named
+    by URL). InputError naming --log unless that file can be created where it is named (its
+    directory exists and is writable; so for a SQLite URL's file) and, without --overwrite,
+    does not exist yet. Touches nothing."""
     if "://" in log:
+        _check_sqlite_file(log)
         return log
+    if log.endswith(("/", os.sep)):
+        raise InputError(f"--log {log} names a directory; name a file")
     path = Path(log)
     check_writable(path, "--log")  # refuses a directory too
-    if path.exists():
-        if not overwrite:
-            raise InputError(f"--log {log} already exists; pass --overwrite or another --log "
-                             "(a simulation writes a log of its own)")
-        for stale in (path, Path(f"{log}-wal"), Path(f"{log}-shm")):
-            stale.unlink(missing_ok=True)
+    if path.exists() and not overwrite:
+        raise InputError(f"--log {log} already exists; pass --overwrite or another --log "
+                         "(a simulation writes a log of its own)")
     return f"sqlite:///{path}"
+
+
+def _remove_old_log(log: str) -> None:
+    """What --overwrite replaces: the old --log file and its SQLite journals."""
+    if "://" not in log:
+        for stale in (Path(log), Path(f"{log}-wal"), Path(f"{log}-shm")):
+            stale.unlink(missing_ok=True)
+
+
+def _check_sqlite_file(url: str) -> None:
+    """A SQLite URL's file must be creatable, as a --log path must (SQLite would fail later,
+    as an operational error naming nothing); other URLs are checked when opened."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return  # `open_store` refuses it, naming --log
+    database = parsed.database
+    if parsed.get_backend_name() == "sqlite" and database and database != ":memory:" \
+            and not database.startswith("file:"):
+        check_writable(Path(database), "--log")
 
 
 @click.command("simulate")
 @click.argument("trace", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--limit", type=click.IntRange(min=1), help="Simulate only the first N requests.")
+@click.option("--limit", type=click.IntRange(min=1),
+              help="Simulate only the first N requests (any N past the trace's end: all of it).")
 @click.option("--routing", type=click.Choice([r.value for r in Routing]), default="prefix",
               show_default=True, help="Prefix-aware (longest cached prefix) or round-robin.")
-@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Replicas placed and ready at the start.")
-@click.option("--min-replicas", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--max-replicas", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--replicas", type=REPLICAS, default=1, show_default=True,
+              help="Replicas placed and ready at the start; at most --max-replicas.")
+@click.option("--min-replicas", type=REPLICAS, default=1, show_default=True,
+              help="The autoscaler's lower bound; at most --max-replicas.")
+@click.option("--max-replicas", type=REPLICAS, default=8, show_default=True,
+              help=f"The autoscaler's upper bound; at most {MAX_REPLICAS}.")
 @click.option("--no-autoscale", is_flag=True, help="Keep the initial replicas throughout.")
 @click.option("--no-rollout", is_flag=True, help="Run no canary rollout.")
 @click.option("--model", "model_id", default="meta-llama/Llama-3.1-8B", show_default=True,
@@ -58,11 +90,11 @@ def _log_url(log: str, overwrite: bool) -> str:
               help="Catalog GPU id or alias.")
 @click.option("--speedup", type=click.FloatRange(min=0, min_open=True, max=1e6), default=1.0,
               show_default=True, help="Arrivals come this many times faster than the trace.")
-@click.option("--control-interval", type=click.FloatRange(min=0.01, max=3600), default=2.0,
+@click.option("--control-interval", type=FiniteFloatRange(min=0.01, max=3600), default=2.0,
               show_default=True, help="Seconds between control ticks (completion reports).")
-@click.option("--warmup-seconds", type=click.FloatRange(min=0.01, max=86_400), default=60.0,
+@click.option("--warmup-seconds", type=FiniteFloatRange(min=0.01, max=86_400), default=60.0,
               show_default=True, help="Load time of a replica the autoscaler adds.")
-@click.option("--deadline-seconds", type=click.FloatRange(min=0.01, max=86_400), default=60.0,
+@click.option("--deadline-seconds", type=FiniteFloatRange(min=0.01, max=86_400), default=60.0,
               show_default=True, help="Each request's deadline after its arrival.")
 @click.option("--chart", "chart_path", type=click.Path(dir_okay=False, path_type=Path),
               default=Path("simulation.svg"), show_default=True, help="Where to write the SVG chart.")
@@ -88,10 +120,12 @@ def simulate(trace: Path, limit: int | None, routing: str, replicas: int, min_re
     # Every input is checked before the log is created or touched: a refused run leaves none.
     if not no_chart:
         check_writable(chart_path, "--chart")
+    url = _log_url(log, overwrite)
+    resolve_catalog(config)
     requests = read_trace(trace, limit)
     config.validate_for(requests)
-    resolve_catalog(config)
-    url = _log_url(log, overwrite)
+    if overwrite:
+        _remove_old_log(log)
     store = open_store(url, url_source="--log")
     if store.head()[0] != 0:
         raise InputError(f"--log {redacted_url(log)} already holds events; a simulation needs an "

@@ -5,8 +5,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controlplane.errors import InputError
+from controlplane.policy_book import AutoscalingParameters
 from controlplane.simulation.routing import Routing
 from controlplane.simulation.traces import MAX_SPAN_SECONDS, Trace
+
+
+def _autoscaling_bound(field: str) -> int:
+    """The largest value the autoscaling policy accepts for `field` (its `le` bound)."""
+    bounds = [item.le for item in AutoscalingParameters.model_fields[field].metadata
+              if hasattr(item, "le")]
+    assert len(bounds) == 1 and isinstance(bounds[0], int), f"autoscaling.{field} has no int bound"
+    return bounds[0]
+
+
+# The most replicas a run may name (--replicas, --min-replicas, --max-replicas). The simulation
+# builds its fleet through the log, so it can build no more than the control plane accepts: it
+# sets the autoscaling policy to these bounds (to the initial replicas with --no-autoscale),
+# which is refused past this figure, and registers enough 8-GPU nodes for `max_replicas` at
+# the replica's tensor-parallel width (at most 8: one node a replica). At the bound the worst
+# build (Llama-3.1-405B on H200, 10,000 nodes and 10,000 replicas placed at the start) took
+# under two minutes on 2 cores. Past it a run could be refused only once its log existed, and
+# a value like 10**12 hung registering nodes.
+MAX_REPLICAS = _autoscaling_bound("max_replicas")
+
+# What each checked setting is called on `fleetctl simulate`'s command line.
+OPTION_NAMES = {"speedup": "--speedup", "control_interval_seconds": "--control-interval",
+                "warmup_seconds": "--warmup-seconds", "deadline_seconds": "--deadline-seconds"}
 
 
 @dataclass(frozen=True)
@@ -36,17 +60,23 @@ class SimulationConfig:
     canary_traffic_percents: tuple[float, ...] = (10.0, 50.0)
 
     def validate(self) -> SimulationConfig:
-        """Refuse settings no run can honour; returns self."""
+        """Refuse settings no run can honour, naming the option (InputError); returns self.
+
+        Checked before the log exists, so a refused run writes nothing."""
         problems = []
+        if not 1 <= self.max_replicas <= MAX_REPLICAS:
+            problems.append(f"--max-replicas {self.max_replicas}: need 1..{MAX_REPLICAS}")
         if not 1 <= self.min_replicas <= self.max_replicas:
-            problems.append("need 1 <= --min-replicas <= --max-replicas")
+            problems.append(f"--min-replicas {self.min_replicas}: need 1 <= --min-replicas <= "
+                            f"--max-replicas ({self.max_replicas})")
         if not 1 <= self.initial_replicas <= self.max_replicas:
-            problems.append("need 1 <= --replicas <= --max-replicas")
+            problems.append(f"--replicas {self.initial_replicas}: need 1 <= --replicas <= "
+                            f"--max-replicas ({self.max_replicas})")
         for name in ("speedup", "control_interval_seconds", "autoscale_interval_seconds",
                      "warmup_seconds", "deadline_seconds", "rollout_interval_seconds"):
             value = getattr(self, name)
             if not value > 0 or value != value or value == float("inf"):
-                problems.append(f"{name} must be a positive finite number")
+                problems.append(f"{OPTION_NAMES.get(name, name)} must be a positive finite number")
         if self.service_tokens_per_second is not None and not self.service_tokens_per_second > 0:
             problems.append("the service rate must be positive")
         if not 0 <= self.rollout_start_fraction <= 1:

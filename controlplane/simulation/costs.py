@@ -38,13 +38,20 @@ class EngineCosts:
         return context_tokens * self.kv_read_seconds_per_token
 
 
+def dense_bf16_tflops(gpu: GpuType) -> float:
+    """`gpu`'s dense bf16 TFLOPS, which prefill is costed at; InputError naming --gpu when the
+    catalog has no such figure. `resolve_catalog` asks it with the other input checks, so such
+    a GPU is refused before any log exists."""
+    if gpu.bf16_dense_tflops is None:
+        raise InputError(f"--gpu {gpu.gpu_id}: the catalog has no dense bf16 compute figure for "
+                         "it, which the simulated engines need; pick another --gpu")
+    return gpu.bf16_dense_tflops
+
+
 def engine_costs(model: CatalogModel, gpu: GpuType, tensor_parallel: int) -> EngineCosts:
     """Step costs of `model` on `tensor_parallel` GPUs of type `gpu`, weights and KV in bf16."""
-    if gpu.bf16_dense_tflops is None:
-        raise InputError(f"the catalog has no dense bf16 compute figure for {gpu.gpu_id}; "
-                         "pick another --gpu")
     bandwidth_bytes_per_second = gpu.memory_bandwidth_gb_per_second * 1e9 * HBM_EFFICIENCY
-    compute_flops = gpu.bf16_dense_tflops * 1e12 * PREFILL_MFU
+    compute_flops = dense_bf16_tflops(gpu) * 1e12 * PREFILL_MFU
     return EngineCosts(
         step_base_seconds=STEP_OVERHEAD_SECONDS
         + model.bf16_weight_bytes / tensor_parallel / bandwidth_bytes_per_second,

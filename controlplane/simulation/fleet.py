@@ -26,7 +26,12 @@ from controlplane.commands.fleet import (
 from controlplane.errors import FleetError, InputError
 from controlplane.simulation.config import SimulationConfig
 from controlplane.simulation.control import ControlPlane, Decided
-from controlplane.simulation.costs import EngineCosts, engine_costs, service_tokens_per_second
+from controlplane.simulation.costs import (
+    EngineCosts,
+    dense_bf16_tflops,
+    engine_costs,
+    service_tokens_per_second,
+)
 from controlplane.simulation.dataplane import ReplicaEngine
 from controlplane.simulation.routing import ReplicaPrefixCache
 from controlplane.simulation.traces import Trace
@@ -59,12 +64,15 @@ class Fleet:
 
 
 def resolve_catalog(config: SimulationConfig) -> tuple[CatalogModel, GpuType]:
-    """The catalog model and GPU the run names; InputError naming the option otherwise."""
+    """The catalog model and a GPU the engines can be costed on, as the run names them;
+    InputError naming the option otherwise."""
     try:
         catalog = load_catalog()
-        return catalog.model(config.model_id), catalog.gpu(config.gpu_id)
+        model, gpu = catalog.model(config.model_id), catalog.gpu(config.gpu_id)
     except CatalogError as error:
         raise InputError(f"--{error.field}: {error.message}") from None
+    dense_bf16_tflops(gpu)  # a GPU the engines cannot be costed on is refused here, not mid-run
+    return model, gpu
 
 
 def place_command(config: SimulationConfig, model: CatalogModel, number: int,
