@@ -127,12 +127,18 @@ class Settings:
         return self.redis_url is None
 
     @property
-    def up_file(self) -> Path | None:
-        """Where `fleetctl up` advertises its loopback Redis, beside a SQLite database."""
+    def sqlite_path(self) -> Path | None:
+        """The file of a SQLite database (None for another database or one in memory)."""
         if not self.database_url.startswith("sqlite:///"):
             return None
-        path = self.database_url.removeprefix("sqlite:///")
-        return Path(path + ".up.json") if path and path != ":memory:" else None
+        path = self.database_url.removeprefix("sqlite:///").split("?", 1)[0]
+        return Path(path) if path and path != ":memory:" else None
+
+    @property
+    def up_file(self) -> Path | None:
+        """Where `fleetctl up` advertises its loopback Redis, beside a SQLite database."""
+        path = self.sqlite_path
+        return None if path is None else Path(f"{path}.up.json")
 
 
 def redacted_url(url: str) -> str:

@@ -8,14 +8,27 @@ from typing import Any
 
 import click
 
+from controlplane.errors import InputError
 from controlplane.runtime import store_for_process
-from controlplane.settings import MAX_JOB_TIMEOUT_SECONDS, Settings
+from controlplane.settings import DEFAULT_DATABASE_URL, MAX_JOB_TIMEOUT_SECONDS, Settings
 from events.store import EventStore
 
 
 def settings_and_store() -> tuple[Settings, EventStore]:
     settings = Settings.from_env()
     return settings, store_for_process(settings)
+
+
+def existing_store() -> EventStore:
+    """The store of a command that only reads the log (`status`, `log`, `explain`, `verify`,
+    `replay`): a SQLite file that does not exist is refused (InputError) rather than created,
+    since a log that is not there is most often one looked for in the wrong directory."""
+    settings = Settings.from_env()
+    path = settings.sqlite_path
+    if path is not None and not path.exists():
+        raise InputError(f"no log at {path}: FLEET_DATABASE_URL (default {DEFAULT_DATABASE_URL}) "
+                         "names the log; run where it is or set the variable")
+    return store_for_process(settings)
 
 
 class FiniteFloatRange(click.FloatRange):

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from controlplane.cli.context import settings_and_store
+from controlplane.cli.context import existing_store
 from controlplane.cli.output import emit, table
 from controlplane.cli.status_view import render_status
 from controlplane.errors import InputError
@@ -35,7 +35,7 @@ def _utf8(ctx: click.Context, param: click.Parameter, value: str | None) -> str 
 @json_option
 def status(at_position: int | None, as_json: bool) -> None:
     """Show the fleet state, live or as of a past log position."""
-    _, store = settings_and_store()
+    store = existing_store()
     head, _ = store.head()
     if at_position is None:
         with store.engine.connect() as conn:
@@ -60,7 +60,7 @@ def status(at_position: int | None, as_json: bool) -> None:
 def log_command(stream_id: str | None, event_type: str | None, command_id: str | None,
                 from_position: int, limit: int, as_json: bool) -> None:
     """List events, oldest first, with filters."""
-    _, store = settings_and_store()
+    store = existing_store()
     selected = []
     for event in store.read_all(from_position=from_position):
         if stream_id and event.stream_id != stream_id:
@@ -83,7 +83,7 @@ def log_command(stream_id: str | None, event_type: str | None, command_id: str |
 @json_option
 def explain(identifier: str, as_json: bool) -> None:
     """Explain a decision by event id, command id or request id."""
-    _, store = settings_and_store()
+    store = existing_store()
     explanation = explain_id(store, identifier)
     emit(explanation, as_json, _render_explanation)
 
@@ -136,7 +136,7 @@ def verify(anchor: str | None, as_json: bool) -> int:
         anchored = parse_anchor(anchor) if anchor is not None else None
     except ValueError as error:
         raise InputError(str(error)) from None
-    _, store = settings_and_store()
+    store = existing_store()
     report = verify_log(store, anchored)
     emit({**report.__dict__, "head": f"{report.head_position}:{report.head_hash}"
           if report.head_hash else None,

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from controlplane.cli.context import settings_and_store
+from controlplane.cli.context import existing_store
 from controlplane.cli.output import emit, progress
 from controlplane.cli.status_view import render_status
 from controlplane.policy_book import PolicyBook, load_overrides
@@ -71,7 +71,7 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
     """Rebuild every projection from the log and compare it with the live state."""
     # Read before anything is written: a bad policy file leaves the projections as they were.
     overrides = load_overrides(policy_file) if policy_file else None
-    _, store = settings_and_store()
+    store = existing_store()
     report: dict[str, Any] = {}
     failed = False
     head = store.head()[0]

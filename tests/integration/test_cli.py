@@ -103,8 +103,21 @@ def test_explain_takes_a_stream_id_without_a_slash(tmp_path: Path, embedded: str
 
 
 def test_explaining_an_unknown_id_exits_2(tmp_path: Path) -> None:
+    assert run_cli("init").exit_code == 0
     result = run_cli("explain", "no-such-thing")
     assert result.exit_code == 2 and "no event, command" in result.stderr
+
+
+@pytest.mark.parametrize("args", [["status"], ["log"], ["explain", "x"], ["verify"], ["replay"],
+                                  ["replay", "--verify"], ["status", "--at", "1"]])
+def test_a_command_that_reads_the_log_refuses_a_log_that_is_not_there_and_creates_none(
+        args: list[str], tmp_path: Path, sqlite_url: str) -> None:
+    # Before, it created an empty fleet.db wherever it was run, and reported an empty fleet.
+    result = run_cli(*args)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"error: no log at {tmp_path / 'fleet.db'}: ")
+    assert "FLEET_DATABASE_URL" in result.stderr
+    assert not (tmp_path / "fleet.db").exists()
 
 
 def test_replay_with_an_invalid_policy_file_exits_2(tmp_path: Path) -> None:

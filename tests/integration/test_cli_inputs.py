@@ -88,6 +88,7 @@ def test_an_unknown_log_level_is_refused_naming_the_valid_ones(
                                                   (None, "info"), ("bogus", "CRITICAL")])
 def test_the_standard_log_levels_are_accepted_in_any_case(
         monkeypatch: pytest.MonkeyPatch, variable: str | None, option: str | None) -> None:
+    assert run_cli("init").exit_code == 0
     if variable is not None:
         monkeypatch.setenv("FLEET_LOG_LEVEL", variable)
     args = ["--log-level", option] if option is not None else []
@@ -249,6 +250,7 @@ def test_an_error_message_of_several_lines_is_shown_on_one_line(
                                "5432 failed: Connection refused\n\tIs the server running on "
                                "that host and accepting TCP/IP connections?\r\n")
 
+    assert run_cli("init").exit_code == 0
     monkeypatch.setattr(context, "store_for_process", unreachable)
     result = run_cli("status")
     assert result.exit_code == 3
