@@ -12,12 +12,13 @@ import time
 from pathlib import Path
 
 import click
+from sqlalchemy import inspect
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from controlplane.cli.context import FiniteFloatRange
 from controlplane.cli.output import emit, progress
-from controlplane.errors import InputError
+from controlplane.errors import InputError, OperationalError
 from controlplane.files import check_writable
 from controlplane.runtime import open_store
 from controlplane.settings import redacted_url
@@ -28,6 +29,8 @@ from controlplane.simulation.report import build_report, render
 from controlplane.simulation.routing import Routing
 from controlplane.simulation.run import Simulation
 from controlplane.simulation.traces import read_trace
+from events.database import schema_is_current
+from events.store import EventStore
 
 REPLICAS = click.IntRange(min=1, max=MAX_REPLICAS)  # why this bound: `MAX_REPLICAS`
 
@@ -55,6 +58,33 @@ def _remove_old_log(log: str) -> None:
     if "://" not in log:
         for stale in (Path(log), Path(f"{log}-wal"), Path(f"{log}-shm")):
             stale.unlink(missing_ok=True)
+
+
+def _empty_log(url: str, log: str) -> EventStore:
+    """The store of a log with no events, schema created; InputError naming --log for a
+    database that holds anything else (events, or tables that are not a current log): the
+    schema is created only in an empty database, never in somebody else's."""
+    store = open_store(url, migrate=False, url_source="--log")
+    try:
+        tables = inspect(store.engine).get_table_names()
+        current = bool(tables) and schema_is_current(store.engine)
+    except SQLAlchemyError as error:
+        store.engine.dispose()
+        raise OperationalError(f"cannot open --log {redacted_url(log)}: "
+                               f"{type(error).__name__}") from None
+    if tables and not current:
+        store.engine.dispose()
+        named = ", ".join(sorted(tables)[:3]) + (", …" if len(tables) > 3 else "")
+        raise InputError(f"--log {redacted_url(log)} holds tables that are not a current log "
+                         f"({named}); a simulation needs an empty database")
+    if current and store.head()[0] != 0:
+        store.engine.dispose()
+        raise InputError(f"--log {redacted_url(log)} already holds events; a simulation needs an "
+                         "empty log")
+    if not tables:
+        store.engine.dispose()
+        store = open_store(url, url_source="--log")
+    return store
 
 
 def _check_sqlite_file(url: str) -> None:
@@ -126,10 +156,7 @@ def simulate(trace: Path, limit: int | None, routing: str, replicas: int, min_re
     config.validate_for(requests)
     if overwrite:
         _remove_old_log(log)
-    store = open_store(url, url_source="--log")
-    if store.head()[0] != 0:
-        raise InputError(f"--log {redacted_url(log)} already holds events; a simulation needs an "
-                         "empty log")
+    store = _empty_log(url, log)
     with progress("simulating") as report_progress:
         started = time.perf_counter()
         run = Simulation(requests, config, store, report_progress).run()

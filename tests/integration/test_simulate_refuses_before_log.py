@@ -3,6 +3,7 @@ exits 2 with one line naming the option, and leaves no log file (nor an old one 
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,24 @@ def test_a_log_path_ending_in_a_separator_exits_2_and_creates_nothing(
     exit_code, stderr = _simulate("missing/", "--no-autoscale")
     assert exit_code == 2 and "--log" in stderr, stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_database_url_holding_other_tables_is_refused_and_left_as_it_was(
+        tmp_path: Path) -> None:
+    # Before, the log's schema was created in it first, and only then were its events counted.
+    other = tmp_path / "shop.db"
+    with sqlite3.connect(other) as connection:
+        connection.execute("CREATE TABLE customers (id INTEGER)")
+    exit_code, stderr = _simulate(f"sqlite:///{other}")
+    assert exit_code == 2 and "--log" in stderr and "customers" in stderr, stderr
+    with sqlite3.connect(other) as connection:
+        tables = connection.execute("SELECT name FROM sqlite_master").fetchall()
+    assert tables == [("customers",)]
+
+
+def test_a_database_url_that_already_holds_a_run_is_refused_and_an_empty_one_is_used(
+        tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    assert _simulate(url)[0] == 0
+    exit_code, stderr = _simulate(url)
+    assert exit_code == 2 and "already holds events" in stderr, stderr
