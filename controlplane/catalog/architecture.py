@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from controlplane.catalog.dtypes import DType, parse_dtype
 from controlplane.catalog.errors import CatalogError
+from controlplane.policies.memory import MAX_COUNT
 
 # Families whose parameter formula was checked against published counts (research-data §1.3).
 VERIFIED_FAMILIES = frozenset({"llama", "mistral", "mixtral", "qwen2", "gemma2", "phi3",
@@ -22,6 +23,21 @@ _DEEPSEEK_NATIVE_KEYS = {"dim": "hidden_size", "n_layers": "num_hidden_layers",
                          "moe_inter_dim": "moe_intermediate_size",
                          "n_activated_experts": "num_experts_per_tok",
                          "n_dense_layers": "first_k_dense_replace"}
+
+
+class ConfigValueError(CatalogError):
+    """A value of a model config that cannot be used: `field` is its key (nested keys dotted,
+    `vision_config.hidden_size`) and `config_file` the file it was read from (None for a config
+    given as a mapping), so an error names the key and the file, never a command-line flag."""
+
+    def __init__(self, code: str, field: str, message: str, config_file: str | None) -> None:
+        super().__init__(code, field, message)
+        self.config_file = config_file
+
+    def as_dict(self) -> dict[str, str]:
+        located = {"config_key": self.field}
+        return {**super().as_dict(), **located,
+                **({"config_file": self.config_file} if self.config_file else {})}
 
 
 class AttentionKind(StrEnum):
@@ -57,6 +73,17 @@ class MixtureOfExperts:
 
 
 @dataclass(frozen=True)
+class VisionTower:
+    """A multimodal config's vision encoder (`vision_config`) and its projector into the text
+    model. `parameters` is None when they cannot be counted from the config (an encoder other
+    than CLIP under a LLaVA projector, or keys the count needs are absent): the weights then
+    leave them out, and `fleetctl fit` says so in its notes."""
+
+    model_type: str
+    parameters: int | None
+
+
+@dataclass(frozen=True)
 class Architecture:
     """What memory sizing needs from a model configuration, validated."""
 
@@ -80,6 +107,7 @@ class Architecture:
     output_bias: bool
     latent: LatentAttention | None = None
     experts: MixtureOfExperts | None = None
+    vision: VisionTower | None = None
 
     @property
     def attention(self) -> AttentionKind:
@@ -88,6 +116,19 @@ class Architecture:
     @property
     def family_verified(self) -> bool:
         return self.model_type in VERIFIED_FAMILIES
+
+    def with_layers(self, layers: int) -> Architecture:
+        """This architecture with `layers` decoder layers, its sliding-window layers following
+        the family's pattern: Gemma-2 alternates (even-indexed layers slide, so ceil(layers / 2)
+        do); the others slide from a first windowed layer on (Qwen2's `max_window_layers`; 0,
+        every layer, for Mistral and Phi-3), which stays where the config put it."""
+        if self.sliding_window_tokens is None:
+            windowed = 0
+        elif self.model_type == "gemma2":
+            windowed = _alternating_windowed_layers(layers)
+        else:
+            windowed = max(0, layers - (self.layers - self.sliding_window_layers))
+        return replace(self, layers=layers, sliding_window_layers=windowed)
 
 
 # A model's config.json is kilobytes; a file is read no further than this.
@@ -98,9 +139,10 @@ def load_config(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     """Return a config as a dict from a mapping, a JSON file, or a directory with config.json."""
     if isinstance(source, Mapping):
         return dict(source)
-    path = Path(source)
+    path = config_path(source)
     if path.is_dir():
-        path = path / "config.json"
+        raise CatalogError("config_missing", "config",
+                           f"directory {str(source)!r} has no config.json")
     try:
         with path.open("rb") as handle:  # bounded: a FIFO or /dev/zero never ends
             raw = handle.read(MAX_CONFIG_BYTES + 1)
@@ -119,13 +161,34 @@ def load_config(source: Mapping[str, Any] | str | Path) -> dict[str, Any]:
     return loaded
 
 
+def config_path(source: str | Path) -> Path:
+    """The file a config is read from: `source` (`~` expanded), or its config.json when it is a
+    directory."""
+    path = Path(source).expanduser()
+    return path / "config.json" if path.is_dir() and (path / "config.json").exists() else path
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"non-finite number {name} in config")
 
 
 def parse_hf_config(source: Mapping[str, Any] | str | Path) -> Architecture:
-    """Read an HF config (dict, file or directory) into an Architecture; bad fields raise."""
-    config = _normalise(load_config(source))
+    """Read an HF config (dict, file or directory) into an Architecture.
+
+    A value that cannot be used raises ConfigValueError naming its key and, for a file, the file.
+    """
+    raw = load_config(source)
+    try:
+        return _parse(raw)
+    except ConfigValueError:
+        raise
+    except CatalogError as error:
+        where = None if isinstance(source, Mapping) else str(config_path(source))
+        raise ConfigValueError(error.code, error.field, error.message, where) from None
+
+
+def _parse(raw: dict[str, Any]) -> Architecture:
+    config = _normalise(raw)
     model_type = str(config.get("model_type") or "unknown")
     layers = _count(config, "num_hidden_layers")
     hidden = _count(config, "hidden_size")
@@ -161,6 +224,7 @@ def parse_hf_config(source: Mapping[str, Any] | str | Path) -> Architecture:
         output_bias=attention_bias and model_type != "qwen2",
         latent=latent,
         experts=_experts(config, model_type),
+        vision=_vision(raw, hidden),
     )
 
 
@@ -186,6 +250,9 @@ def _count(config: Mapping[str, Any], key: str, default: Any = ...) -> Any:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise CatalogError("config_field_invalid", key,
                            f"config {key} must be a positive integer, got {value!r}")
+    if value > MAX_COUNT:  # beyond any real model: its sizes would not be finite figures
+        raise CatalogError("config_field_out_of_range", key,
+                           f"config {key} must be at most {MAX_COUNT:.0e}, got {value}")
     return value
 
 
@@ -244,9 +311,17 @@ def _tied(config: Mapping[str, Any], model_type: str) -> bool:
 
 def _quantization(config: Mapping[str, Any]) -> tuple[str | None, DType | None]:
     quant = config.get("quantization_config")
-    if not isinstance(quant, Mapping):
+    if quant is None:
         return None, None
-    method = str(quant.get("quant_method", "unknown")).lower()
+    if not isinstance(quant, Mapping):  # ignoring it would size quantized weights as unquantized
+        raise CatalogError("config_field_invalid", "quantization_config",
+                           f"config quantization_config must be a JSON object, got {quant!r}")
+    method = quant.get("quant_method", "unknown")
+    if not isinstance(method, str):
+        raise CatalogError("config_field_invalid", "quantization_config.quant_method",
+                           f"config quantization_config.quant_method must be a string, "
+                           f"got {method!r}")
+    method = method.lower()
     if method == "fp8":
         return method, DType.FP8
     bits = quant.get("bits")
@@ -261,7 +336,7 @@ def _sliding_window(config: Mapping[str, Any], model_type: str,
         return None, 0
     window: int = _count(config, "sliding_window")
     if model_type == "gemma2":
-        return window, -(-layers // 2)  # even-indexed layers slide, odd ones attend globally
+        return window, _alternating_windowed_layers(layers)
     if model_type == "qwen2":  # layers from max_window_layers on slide
         first_windowed = config.get("max_window_layers")
         if first_windowed is None:
@@ -273,3 +348,54 @@ def _sliding_window(config: Mapping[str, Any], model_type: str,
                                f"{layers} layers, got {first_windowed!r}")
         return window, layers - first_windowed
     return window, layers
+
+
+def _alternating_windowed_layers(layers: int) -> int:
+    """Gemma-2's windowed layers: even-indexed layers slide, odd ones attend globally
+    (transformers' Gemma2DecoderLayer: `is_sliding = not bool(layer_idx % 2)`)."""
+    return -(-layers // 2)
+
+
+# LLaVA projectors: per wrapper model_type, the text-width vectors beside the two linear layers
+# (LLaVA-NeXT's `image_newline`).
+_LLAVA_PROJECTORS = {"llava": 0, "llava_next": 1}
+_CLIP_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "image_size", "patch_size")
+
+
+def _vision(config: Mapping[str, Any], text_hidden: int) -> VisionTower | None:
+    """The vision encoder of a multimodal config, counted when it is CLIP under a LLaVA
+    projector and the config gives the sizes (every encoder layer is counted, though a runtime
+    may stop at the feature layer)."""
+    vision = config.get("vision_config")
+    if vision is None:
+        return None
+    if not isinstance(vision, Mapping):
+        raise CatalogError("config_field_invalid", "vision_config",
+                           f"config vision_config must be a JSON object, got {vision!r}")
+    kind = str(vision.get("model_type") or "unknown")
+    extra_vectors = _LLAVA_PROJECTORS.get(str(config.get("model_type")))
+    if (kind != "clip_vision_model" or extra_vectors is None
+            or any(vision.get(key) is None for key in _CLIP_KEYS)):
+        return VisionTower(kind, None)
+    try:
+        h, inner, layers, image, patch = (_count(vision, key) for key in _CLIP_KEYS)
+        channels = _count(vision, "num_channels", default=3)
+    except CatalogError as error:
+        raise CatalogError(error.code, f"vision_config.{error.field}",
+                           error.message.replace("config ", "config vision_config.", 1)) from None
+    # Patch convolution (no bias), class embedding, one position per patch and the class token.
+    embeddings = channels * patch * patch * h + h + ((image // patch) ** 2 + 1) * h
+    # q, k, v, o with biases; two layer norms; the MLP's two linear layers with biases.
+    layer = 4 * (h * h + h) + 4 * h + (h * inner + inner) + (inner * h + h)
+    encoder = embeddings + 2 * h + layers * layer + 2 * h  # pre- and post-layernorm
+    return VisionTower(kind, encoder + _llava_projector(config, h, text_hidden, extra_vectors))
+
+
+def _llava_projector(config: Mapping[str, Any], vision_hidden: int, text_hidden: int,
+                     extra_vectors: int) -> int:
+    feature_layer = config.get("vision_feature_layer", -2)
+    features = len(feature_layer) if isinstance(feature_layer, list) else 1
+    bias = config.get("multimodal_projector_bias", True) is not False
+    first = vision_hidden * features * text_hidden + (text_hidden if bias else 0)
+    second = text_hidden * text_hidden + (text_hidden if bias else 0)
+    return first + second + extra_vectors * text_hidden

@@ -24,6 +24,7 @@ from controlplane.policies.memory import (
     assess_memory,
     effective_window_tokens,
     kv_shards_under_tensor_parallel,
+    largest_stage_parameters,
 )
 from controlplane.policies.reasons import PolicyInputError, Reason, require
 
@@ -113,21 +114,25 @@ def plan_fit(request: FitRequest, catalog: Catalog | None = None) -> FitReport:
     kv_shards = kv_shards_under_tensor_parallel(subject.kv_heads, request.tensor_parallel_size,
                                                 latent=subject.kv_latent_dim > 0)
     overhead_gib, overhead_basis = _overhead(request, subject)
+    model = ModelMemory(parameters=subject.parameters, weight_bits=weight_bits,
+                        layers=subject.layers, kv_heads=subject.kv_heads,
+                        head_dim=subject.head_dim, kv_element_bytes=element_bytes,
+                        kv_latent_dim=subject.kv_latent_dim)
     memory = assess_memory(
-        ModelMemory(parameters=subject.parameters, weight_bits=weight_bits, layers=subject.layers,
-                    kv_heads=subject.kv_heads, head_dim=subject.head_dim,
-                    kv_element_bytes=element_bytes, kv_latent_dim=subject.kv_latent_dim),
+        model,
         DeploymentMemory(gpu_memory_gib=memory_gib,
                          tensor_parallel_size=request.tensor_parallel_size, kv_shards=kv_shards,
                          max_live_tokens_per_request=max_len,
                          target_concurrency=request.target_concurrency,
                          runtime_overhead_gib=overhead_gib, usable_fraction=request.usable_fraction,
                          pipeline_parallel_size=request.pipeline_parallel_size,
-                         kv_window_tokens=window_cap))
+                         kv_window_tokens=window_cap),
+        subject.split)
     gates = _gates(request, subject, gpu, weight_dtype, kv_dtype, max_len)
     fits = not gates and memory.fits
     reasons = memory.reasons if fits else (*gates, *(() if memory.fits else memory.reasons))
-    notes = _notes(request, subject, kv_shards, memory_basis, overhead_basis, window_note)
+    notes = _notes(request, subject, kv_shards, memory_basis, overhead_basis,
+                   (window_note, _stage_note(request, subject, model)))
     return FitReport(
         fits=fits, model_id=subject.model_id, model_source=subject.source,
         gpu_id=gpu.gpu_id if gpu else None, parameters=subject.parameters,
@@ -263,8 +268,43 @@ def _gates(request: FitRequest, subject: FitSubject, gpu: GpuType | None,
     return gates
 
 
+def _stage_note(request: FitRequest, subject: FitSubject, model: ModelMemory) -> Reason | None:
+    """With pipeline stages, what the per-GPU weights are: the largest stage's parameters."""
+    stages = request.pipeline_parallel_size
+    if stages == 1:
+        return None
+    stage_layers = -(-subject.layers // stages)
+    ends = (" plus the embeddings or the output head, the larger" if subject.split is not None
+            else ", the parameters spread evenly over the layers")
+    parameters = largest_stage_parameters(model, stages, subject.split)
+    return Reason("weights_of_largest_stage",
+                  f"weights per GPU are the largest of {stages} pipeline stages: "
+                  f"{stage_layers} of {subject.layers} layers{ends}",
+                  {"pipeline_parallel_size": stages, "layers_per_stage": stage_layers,
+                   "stage_parameters": parameters,
+                   "average_stage_parameters": subject.parameters / stages})
+
+
+def _vision_note(subject: FitSubject) -> Reason | None:
+    """Whether a multimodal config's vision tower is in the weights (a declared count is the
+    operator's, with or without it)."""
+    vision = subject.architecture.vision if subject.architecture is not None else None
+    if vision is None or subject.parameter_basis == "declared":
+        return None
+    if vision.parameters is None:
+        return Reason("vision_tower_not_counted",
+                      f"the config's vision tower ({vision.model_type}) is not in the weights: "
+                      "it cannot be counted from the config; declare the parameter count",
+                      {"vision_model_type": vision.model_type})
+    return Reason("vision_tower_counted",
+                  f"the weights include the vision tower ({vision.model_type}) and its "
+                  f"projector, {vision.parameters:,} parameters, on every pipeline stage",
+                  {"vision_model_type": vision.model_type,
+                   "vision_parameters": vision.parameters})
+
+
 def _notes(request: FitRequest, subject: FitSubject, kv_shards: int, memory_basis: MemoryBasis,
-           overhead_basis: str, window_note: Reason | None) -> tuple[Reason, ...]:
+           overhead_basis: str, extra: tuple[Reason | None, ...]) -> tuple[Reason, ...]:
     notes: list[Reason] = []
     tp = request.tensor_parallel_size
     if tp > kv_shards:
@@ -273,8 +313,7 @@ def _notes(request: FitRequest, subject: FitSubject, kv_shards: int, memory_basi
                             {"tensor_parallel_size": tp, "kv_shards": kv_shards,
                              "latent_attention": subject.kv_latent_dim > 0,
                              "copies_per_kv_shard": tp // kv_shards}))
-    if window_note is not None:
-        notes.append(window_note)
+    notes += [note for note in (*extra, _vision_note(subject)) if note is not None]
     arch = subject.architecture
     if arch is not None and arch.quantization_method and arch.compute_dtype is not None:
         notes.append(Reason("checkpoint_quantized",

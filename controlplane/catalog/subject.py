@@ -7,10 +7,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from controlplane.catalog.architecture import Architecture, parse_hf_config
+from controlplane.catalog.architecture import (
+    Architecture,
+    ConfigValueError,
+    config_path,
+    parse_hf_config,
+)
 from controlplane.catalog.dtypes import DType
 from controlplane.catalog.registry import Catalog
 from controlplane.catalog.sizing import count_parameters
+from controlplane.policies.memory import MAX_COUNT, PipelineSplit
 from controlplane.policies.reasons import PolicyInputError, require
 
 _DECLARABLE = ("parameters", "layers", "kv_heads", "head_dim")
@@ -28,7 +34,11 @@ class ArchitectureOverrides:
 
 @dataclass(frozen=True)
 class FitSubject:
-    """The resolved model: `architecture` is None for an architecture declared only in flags."""
+    """The resolved model: `architecture` is None for an architecture declared only in flags.
+
+    `parameters` includes a counted vision tower; `split` says where the parameters sit across
+    pipeline stages (None when the count is declared: it is then spread evenly over the layers).
+    """
 
     model_id: str | None
     source: str  # catalog | config_file | config | declared
@@ -40,12 +50,19 @@ class FitSubject:
     head_dim: int
     kv_latent_dim: int
     activation_reserve_gib: float | None
+    split: PipelineSplit | None = None
+
+
+# How a path is written, as opposed to a catalog id (`owner/name`).
+_PATH_PREFIXES = ("./", "../", "/", "~")
 
 
 def looks_like_config_path(value: str) -> bool:
-    """True when `value` names a JSON file or a directory holding config.json, not a catalog id."""
+    """True when `value` names a JSON file or a directory (with or without a config.json; one
+    without is refused as such, not looked up as a catalog id), or is written as a path."""
     path = Path(value)
-    return value.endswith(".json") or path.is_file() or (path / "config.json").is_file()
+    return (value.endswith(".json") or value.startswith(_PATH_PREFIXES) or path.is_file()
+            or path.is_dir())
 
 
 def resolve_subject(model: str | None, config: Mapping[str, Any] | None,
@@ -74,24 +91,71 @@ def resolve_subject(model: str | None, config: Mapping[str, Any] | None,
             if getattr(overrides, name) is not None:
                 raise PolicyInputError("override_not_applicable", name,
                                        f"{name} does not size latent (MLA) KV: not declarable")
-    changes = {name: getattr(overrides, name) for name in ("layers", "kv_heads", "head_dim")
+    changes = {name: getattr(overrides, name) for name in ("kv_heads", "head_dim")
                if getattr(overrides, name) is not None}
     if changes:
         arch = replace(arch, **changes)
-        arch = replace(arch, sliding_window_layers=min(arch.sliding_window_layers, arch.layers))
+    if overrides.layers is not None:
+        changes["layers"] = overrides.layers
+        arch = arch.with_layers(overrides.layers)
+    split = None
     if overrides.parameters is not None:
         parameters, basis = overrides.parameters, "declared"
-    elif entry is not None and not changes:
-        parameters, basis = entry.parameters.total, "catalog"
     else:
-        parameters = count_parameters(arch).total
-        basis = "formula" if arch.family_verified else "formula_unverified_family"
+        split = pipeline_split(arch)
+        if entry is not None and not changes:
+            parameters, basis = entry.parameters.total, "catalog"
+        else:  # a counted vision tower is part of the model's weights
+            parameters = count_parameters(arch).total + split.every_stage_parameters
+            basis = "formula" if arch.family_verified else "formula_unverified_family"
+        _check_counted(parameters, changes,
+                       str(config_path(model)) if model and source == "config_file" else None)
     return FitSubject(
         model_id=model_id, source=source, architecture=arch, parameters=parameters,
         parameter_basis=basis, layers=arch.layers, kv_heads=arch.kv_heads, head_dim=arch.head_dim,
         kv_latent_dim=arch.latent.cached_elements_per_layer if arch.latent else 0,
         activation_reserve_gib=entry.activation_reserve_gib if entry is not None else None,
+        split=split,
     )
+
+
+def _check_counted(parameters: int, changes: Mapping[str, int], config_file: str | None) -> None:
+    """A counted model beyond any real one names what made it so: a declared size's flag, else
+    the config (a catalog's sizes are real)."""
+    if parameters <= MAX_COUNT:
+        return
+    message = f"the model counts {parameters:.3e} parameters, more than {MAX_COUNT:.0e}"
+    if changes:
+        name = "layers" if "layers" in changes else next(iter(changes))
+        raise PolicyInputError("model_field_out_of_range", name,
+                               f"{message} with the declared {name}")
+    raise ConfigValueError("config_parameters_out_of_range", "parameters",
+                           f"{message}: check hidden_size, intermediate_size, vocab_size and "
+                           "num_hidden_layers", config_file)
+
+
+def pipeline_split(arch: Architecture) -> PipelineSplit:
+    """Where `arch`'s parameters sit across pipeline stages (research-data §1.3 formulas).
+
+    The first stage holds the input embeddings; the last the output head (for tied embeddings
+    a copy of them: vLLM builds `embed_tokens` on the last rank too) and the final norm; every
+    stage the vision tower (vLLM builds it unconditionally). A layer is the largest kind the
+    model has: one more layer's worth of `count_parameters`, as a mixture-of-experts layer and,
+    when leading layers keep a dense FFN (DeepSeek), as a dense one.
+    """
+    embeddings = arch.vocab_size * arch.hidden_size
+
+    def one_more_layer(of: Architecture) -> int:
+        return (count_parameters(replace(of, layers=of.layers + 1)).total
+                - count_parameters(of).total)
+
+    layer = one_more_layer(arch)
+    if arch.experts is not None and arch.experts.dense_layers:
+        layer = max(layer, one_more_layer(replace(arch, experts=None)))
+    vision = arch.vision.parameters if arch.vision is not None else None
+    return PipelineSplit(layer_parameters=layer, first_stage_parameters=embeddings,
+                         last_stage_parameters=embeddings + arch.hidden_size,
+                         every_stage_parameters=vision or 0)
 
 
 def _declared(overrides: ArchitectureOverrides) -> FitSubject:
@@ -107,12 +171,17 @@ def _declared(overrides: ArchitectureOverrides) -> FitSubject:
 
 
 def default_weight_dtype(subject: FitSubject) -> DType:
+    """The format a runtime loads the subject's weights in by default (`serving_weight_dtype`)."""
+    return serving_weight_dtype(subject.architecture)
+
+
+def serving_weight_dtype(arch: Architecture | None) -> DType:
     """The format a runtime loads by default: the checkpoint's quantization, else its dtype.
 
     FP32 checkpoints are served in FP16 (what vLLM's `--dtype auto` does); a model declared only
-    in flags, or a config without a dtype, is taken as BF16.
+    in flags, or a config without a dtype, is taken as BF16. A checkpoint quantized to a format
+    the config does not tell raises `weight_dtype_unknown`.
     """
-    arch = subject.architecture
     if arch is None:
         return DType.BF16
     if arch.quantization_method is not None and arch.checkpoint_weight_dtype is None:

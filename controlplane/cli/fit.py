@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from controlplane.catalog.architecture import ConfigValueError
 from controlplane.catalog.dtypes import DType
 from controlplane.catalog.fit import DEFAULT_USABLE_FRACTION, FitReport, FitRequest, plan_fit
 from controlplane.catalog.subject import ArchitectureOverrides
@@ -14,7 +15,8 @@ from controlplane.policies.reasons import PolicyInputError, to_plain
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_INPUT = 0, 1, 2
 
-# Error fields are the library's names; people typed flags.
+# Error fields are the library's names; people typed flags. A value read from a model config
+# (`ConfigValueError`) is named by its key and file instead, whatever flag shares its name.
 _FLAGS = {
     "model": "--model", "config": "--model", "gpu": "--gpu", "gpu_memory_gib": "--gpu-memory-gib",
     "tensor_parallel_size": "--tp", "pipeline_parallel_size": "--pp", "kv_shards": "--tp",
@@ -96,16 +98,25 @@ def fit(ctx: click.Context, /, as_json: bool, parameters: int | None, layers: in
             **settings,
         ))
     except PolicyInputError as error:
-        flag = _FLAGS.get(error.field, error.field)
+        where, located = _blamed(error)
         if as_json:
-            click.echo(json.dumps({"error": {**error.as_dict(), "option": flag}}, indent=2))
-        click.echo(f"error: {flag}: {error.message} [{error.code}]", err=True)
+            click.echo(json.dumps({"error": {**error.as_dict(), **located}}, indent=2))
+        click.echo(f"error: {where}: {error.message} [{error.code}]", err=True)
         ctx.exit(EXIT_BAD_INPUT)
     if as_json:
         click.echo(json.dumps(to_plain(report), indent=2))
     else:
         click.echo(render_report(report))
     ctx.exit(EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT)
+
+
+def _blamed(error: PolicyInputError) -> tuple[str, dict[str, str]]:
+    """What a bad input is named by: a config's key and file, or the flag (`option`)."""
+    if isinstance(error, ConfigValueError):
+        file = f"{error.config_file}: " if error.config_file else ""
+        return f"{file}config key {error.field}", {}
+    flag = _FLAGS.get(error.field, error.field)
+    return flag, {"option": flag}
 
 
 def render_report(report: FitReport) -> str:

@@ -73,13 +73,19 @@ class DrainNode(CommandBase):
 
 
 class RegisterModel(CommandBase):
-    """Add a model to the fleet catalog: a catalog id, or a declared memory architecture."""
+    """Add a model to the fleet catalog: a catalog id, or a declared memory architecture.
+
+    `weight_bits` sets a catalog model's bits per weight; omitted, they are the precision its
+    checkpoint is served in (DeepSeek-V3's FP8: 8), as `fleetctl fit` takes them. A declared
+    `memory` carries its own. (Before rules version 2 of RegisterModel the default was 16, and
+    commands recorded then carry that 16 in their payload, so they re-derive as they were.)
+    """
 
     type: Literal["RegisterModel"] = "RegisterModel"
     model_id: Name
     catalog_id: Name | None = None
     memory: ModelMemorySpec | None = None
-    weight_bits: Annotated[int, Field(strict=True, gt=0, le=32)] = 16
+    weight_bits: Annotated[int, Field(strict=True, gt=0, le=32)] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> RegisterModel:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from controlplane.catalog.errors import CatalogError
+from controlplane.catalog.architecture import Architecture
 from controlplane.catalog.registry import load_catalog
 from controlplane.catalog.sizing import model_memory
+from controlplane.catalog.subject import serving_weight_dtype
 from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import CordonNode, DrainNode, RegisterModel, RegisterNode, SetPolicy
 from controlplane.decisions import (
@@ -99,10 +100,11 @@ def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[St
     else:
         try:
             entry = load_catalog().model(command.catalog_id or "")
-        except CatalogError as error:
+            bits = (command.weight_bits if command.weight_bits is not None
+                    else _checkpoint_bits(entry.architecture))
+        except PolicyInputError as error:
             return rejection(command, ctx, error, CATALOG_STREAM)
-        memory = to_plain(model_memory(entry.architecture, entry.parameters.total,
-                                       command.weight_bits, 2))
+        memory = to_plain(model_memory(entry.architecture, entry.parameters.total, bits, 2))
         source = f"catalog:{entry.model_id}"
     model = {"model_id": command.model_id, "source": source, "memory": memory}
     reason = Reason("model_registered", f"model {command.model_id} registered from {source}",
@@ -111,6 +113,15 @@ def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[St
                          inputs=command.payload(), ctx=ctx)
     return [append_to(CATALOG_STREAM, ctx,
                       new_event(command, ctx, "decision", MODEL_REGISTERED, data))]
+
+
+def _checkpoint_bits(architecture: Architecture) -> int:
+    """Bits per weight of the format the checkpoint is served in, as `fleetctl fit` takes it;
+    a checkpoint quantized to a format its config does not tell is refused naming weight_bits."""
+    try:
+        return serving_weight_dtype(architecture).bits
+    except PolicyInputError as error:
+        raise PolicyInputError(error.code, "weight_bits", error.message) from None
 
 
 def policy_stream(name: str) -> str:
@@ -176,6 +187,10 @@ STREAMS: dict[str, Streams] = {
 RULES_VERSIONS: dict[str, int] = {
     # 2: an admission policy version with a larger budget fraction promotes queue heads.
     "SetPolicy": 2,
+    # 2: a catalog model registered without weight_bits takes its checkpoint's precision
+    #    (DeepSeek-V3: FP8, 8 bits), as `fleetctl fit` does; the default was 16. Commands
+    #    recorded before carry weight_bits 16 in their payload and re-derive unchanged.
+    "RegisterModel": 2,
 }
 PRECHECKS: dict[str, Precheck] = {
     "SetPolicy": precheck_set_policy,

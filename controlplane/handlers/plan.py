@@ -164,7 +164,9 @@ RULES_VERSIONS: dict[str, int] = {
     #    `decision_failed`); the layout stage refuses gpus_per_node above 1,024.
     # 3: the canary gate passes a quality drop or throughput ratio equal to its limit but for
     #    float rounding (`policies.gates`).
-    "DecidePlanStage": 3,
+    # 4: the memory stage sizes pipeline weights by the largest stage (ceil(layers / pp)
+    #    layers), not the average: a pp that does not divide the layers needs more per GPU.
+    "DecidePlanStage": 4,
 }
 HANDLERS: dict[str, Handler] = {
     "PlanFleet": handle_plan_fleet,

@@ -3,6 +3,13 @@
 Beyond the spec's per-head KV formula this module also sizes multi-head latent attention (MLA,
 DeepSeek), pipeline stages, and a declared effective KV window; every addition defaults to the
 spec's behaviour, so the spec's figures come out unchanged.
+
+Pipeline stages: what must fit on a GPU is the largest stage. Layers are split as evenly as
+possible, so a stage holds at most ceil(layers / stages) of them; the first stage also holds the
+input embeddings and the last the output head (`PipelineSplit`). Which stage takes the extra
+layers is the runtime's choice, so a stage's figure is ceil(layers / stages) of the largest
+layer plus the larger of the two ends: the largest stage of any even split, and exactly it when
+the stages divide the layers. With one stage the weights are the model's whole parameter count.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ class DeploymentMemory:
 
     `kv_window_tokens`, when declared, caps the tokens each request keeps in the KV cache (an
     effective sliding window); `pipeline_parallel_size` splits layers, so weights and KV per GPU
-    are those of the largest stage.
+    are those of the largest stage (see the module docstring and `largest_stage_parameters`).
     """
 
     gpu_memory_gib: float
@@ -50,6 +57,24 @@ class DeploymentMemory:
     usable_fraction: float = 0.90
     pipeline_parallel_size: int = 1
     kv_window_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class PipelineSplit:
+    """Where a model's parameters sit when pipeline stages split its layers.
+
+    `layer_parameters` is the largest decoder layer's count (a mixture-of-experts layer, not a
+    leading dense one); `first_stage_parameters` only the first stage holds (the input
+    embeddings), `last_stage_parameters` only the last (the output head, a copy of the input
+    embeddings when the two are tied, and the final norm); `every_stage_parameters` every stage
+    (a vision encoder the runtime builds on each). Without a split a model's parameters are
+    taken as spread evenly over its layers.
+    """
+
+    layer_parameters: int
+    first_stage_parameters: int = 0
+    last_stage_parameters: int = 0
+    every_stage_parameters: int = 0
 
 
 @dataclass(frozen=True)
@@ -176,12 +201,43 @@ def _validate(model: ModelMemory, deployment: DeploymentMemory) -> None:
             "kv_window_tokens", "kv_window_tokens must be a positive integer when declared")
 
 
-def assess_memory(model: ModelMemory, deployment: DeploymentMemory) -> MemoryAssessment:
-    """Decide whether `target_concurrency` full-length requests fit; fit is inclusive."""
+def largest_stage_parameters(model: ModelMemory, stages: int,
+                             split: PipelineSplit | None = None) -> int | float:
+    """Parameters the largest of `stages` pipeline stages holds: the whole count with one stage;
+    otherwise ceil(layers / stages) layers plus the larger of the first stage's and the last
+    stage's own parameters, and what every stage holds. Without `split`, ceil(layers / stages)
+    of `layers` equal shares of the parameters."""
+    if stages == 1:
+        return model.parameters
+    stage_layers = -(-model.layers // stages)
+    if split is None:
+        return model.parameters * stage_layers / model.layers
+    return (split.every_stage_parameters + stage_layers * split.layer_parameters
+            + max(split.first_stage_parameters, split.last_stage_parameters))
+
+
+def _validate_split(split: PipelineSplit | None) -> None:
+    if split is None:
+        return
+    for name in ("layer_parameters", "first_stage_parameters", "last_stage_parameters",
+                 "every_stage_parameters"):
+        value = getattr(split, name)
+        require(_is_count(value) and 0 <= value <= MAX_COUNT, "pipeline_split_invalid", name,
+                f"{name} must be an integer from 0 to {MAX_COUNT:.0e}")
+
+
+def assess_memory(model: ModelMemory, deployment: DeploymentMemory,
+                  split: PipelineSplit | None = None) -> MemoryAssessment:
+    """Decide whether `target_concurrency` full-length requests fit; fit is inclusive.
+
+    Weights and KV per GPU are those of the largest pipeline stage (`largest_stage_parameters`,
+    with `split` saying where the parameters sit when it is known).
+    """
     _validate(model, deployment)
+    _validate_split(split)
     stages = deployment.pipeline_parallel_size
-    weight_gib = (model.parameters * model.weight_bits / 8 / deployment.tensor_parallel_size
-                  / stages / GIB)
+    weight_gib = (largest_stage_parameters(model, stages, split) * model.weight_bits / 8
+                  / deployment.tensor_parallel_size / GIB)
     per_token = kv_bytes_per_token(model)
     # The largest pipeline stage bounds the per-GPU KV; with one stage this is `per_token`.
     stage_layers = -(-model.layers // stages)
