@@ -157,7 +157,9 @@ def _stage_streams(command: CommandBase) -> list[str]:
 
 RULES_VERSIONS: dict[str, int] = {
     # 2: a scenario whose evidence age overflows a float is refused (it was started).
-    "PlanFleet": 2,
+    # 3: an inventory with a duplicate GPU id or a bad free memory is refused whatever layout
+    #    the plan computes (it was checked only when the layout matched the memory plan).
+    "PlanFleet": 3,
     # 2: the capacity stage records each violation once among its reasons (it listed them
     #    twice); a figure overflowing a float (scaling's ready capacity, times, queued tokens,
     #    an evidence age) refuses the stage naming the scenario field (it failed as
@@ -165,7 +167,8 @@ RULES_VERSIONS: dict[str, int] = {
     # 3: the canary gate passes a quality drop or throughput ratio equal to its limit but for
     #    float rounding (`policies.gates`).
     # 4: the memory stage sizes pipeline weights by the largest stage (ceil(layers / pp)
-    #    layers), not the average: a pp that does not divide the layers needs more per GPU.
+    #    layers), not the average: a pp that does not divide the layers needs more per GPU;
+    #    the placement stage names a duplicate GPU id before a bad free memory (spec 1.9).
     "DecidePlanStage": 4,
 }
 HANDLERS: dict[str, Handler] = {

@@ -25,6 +25,7 @@ from controlplane.policies.fleet_plan_scenario import (
     ObservedAt,
     Scenario,
 )
+from controlplane.policies.placement import validate_inventory
 from controlplane.policies.reasons import PolicyInputError, require
 
 _OVERRIDE_ACTIONS = (AdmissionAction.ADMIT, AdmissionAction.QUEUE, AdmissionAction.SHED)
@@ -161,7 +162,10 @@ def _finite_time(value: float, path: str) -> None:
 
 def check_scenario(scenario: Scenario) -> None:
     """Refuse a scenario whose own rules fail: blank name, required evidence below the control
-    floor, evidence from the future or with no usable age, clashing probes, stray overrides."""
+    floor, evidence from the future or with no usable age, clashing probes, stray overrides, an
+    inventory placement could not trust (checked here, not only when the placement stage runs:
+    whether bad input is refused must not depend on the layout the plan computes)."""
+    validate_inventory(scenario.inventory)
     require(bool(scenario.name.strip()), "scenario_name_required", "name",
             "the scenario must be named")
     require(all(item.strip() for item in scenario.required_evidence), "evidence_name_blank",

@@ -106,7 +106,10 @@ def validate_request(request: PlacementRequest) -> None:
             "memory_gib_per_gpu", "the per-GPU memory requirement must be positive and finite")
 
 
-def _validate_inventory(inventory: Sequence[GPU]) -> None:
+def validate_inventory(inventory: Sequence[GPU]) -> None:
+    """Refuse an inventory placement cannot trust, in the spec's order (1.9): every GPU
+    identified and on a node with no identifier twice, then every free memory finite and
+    non-negative."""
     seen: set[str] = set()
     for gpu in inventory:
         require(bool(gpu.identifier) and bool(gpu.node), "gpu_identity_required",
@@ -114,6 +117,7 @@ def _validate_inventory(inventory: Sequence[GPU]) -> None:
         require(gpu.identifier not in seen, "duplicate_gpu_id", "inventory.identifier",
                 f"GPU identifier {gpu.identifier!r} appears twice")
         seen.add(gpu.identifier)
+    for gpu in inventory:
         require(0 <= gpu.free_memory_gib < math.inf, "free_memory_invalid",
                 "inventory.free_memory_gib",
                 f"GPU {gpu.identifier!r} free memory must be finite and non-negative")
@@ -156,7 +160,7 @@ def place_replica(request: PlacementRequest, inventory: Sequence[GPU]) -> Placem
     identifiers = {gpu.identifier for gpu in inventory}
     if (not valid or len(identifiers) != len(inventory) or "" in identifiers
             or not all(gpu.node for gpu in inventory)):
-        _validate_inventory(inventory)
+        validate_inventory(inventory)
     if by_node:
         domains = {f"node:{node}": gpus for node, gpus in domains.items()}
     feasible = {name: gpus for name, gpus in domains.items() if len(gpus) >= count}

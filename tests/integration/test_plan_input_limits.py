@@ -117,3 +117,26 @@ def test_a_capacity_decision_recorded_under_rules_1_replays_as_an_upgrade_not_a_
                                             "hourly_cost_exceeds_budget"]
     assert drift["rederived"]["reasons"] == ["fleet_sized_by_bottleneck",
                                              "hourly_cost_exceeds_budget"]
+
+
+@pytest.mark.parametrize(("fixture", "edit", "code"), [
+    ("cramped-topology", lambda gpus: gpus[1].update(identifier=gpus[0]["identifier"]),
+     "duplicate_gpu_id"),
+    ("cramped-topology", lambda gpus: gpus[0].update(free_memory_gib=-5), "free_memory_invalid"),
+    ("default", lambda gpus: gpus[1].update(identifier=gpus[0]["identifier"]),
+     "duplicate_gpu_id"),
+])
+def test_a_bad_inventory_is_refused_whatever_layout_the_plan_computes(
+        embedded: str, tmp_path: Path, fixture: str, edit: Any, code: str) -> None:
+    # Before, the inventory was checked only by the placement stage, which runs only when the
+    # layout matches the memory plan: the cramped topology's plan was recorded, exit 1.
+    plain = json.loads((SCENARIOS / f"{fixture}.json").read_text("utf-8"))
+    edit(plain["inventory"])
+    source = tmp_path / "scenario.json"
+    source.write_text(json.dumps(plain), encoding="utf-8")
+    output = tmp_path / "fleet-plan.json"
+    result = run_cli("plan", str(source), "--output", str(output))
+    assert result.exit_code == 2, result.stderr
+    assert "inventory" in result.stderr and code in result.stderr, result.stderr
+    assert not output.exists()
+    assert open_store(embedded).head()[0] == 0

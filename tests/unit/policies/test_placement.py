@@ -149,6 +149,10 @@ def test_too_small_an_inventory_fails_on_size_when_any_gpu_may_join() -> None:
      "inventory.free_memory_gib", "free_memory_invalid"),
     (lambda r, i: (r, [dataclasses.replace(i[0], free_memory_gib=math.inf)]),
      "inventory.free_memory_gib", "free_memory_invalid"),
+    # Spec 1.9's order: duplicate ids (check 3) before negative free memory (check 4), wherever
+    # in the inventory each is.
+    (lambda r, i: (r, [dataclasses.replace(i[1], free_memory_gib=-1.0), i[0], i[0]]),
+     "inventory.identifier", "duplicate_gpu_id"),
 ])
 def test_invalid_inputs_are_refused_naming_the_field(
         change: Callable[[PlacementRequest, list[GPU]], tuple[PlacementRequest, list[GPU]]],
