@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,16 @@ from events.projections import StateView
 ACCEPTED = "CommandAccepted"
 REJECTED = "CommandRejected"
 INBOX_STREAM = "inbox"
+# The ids of commands decisions issue (`issue_command`): a scale-up's placements
+# `<id>:place:<n>` (handlers.autoscaling), a measurement's evaluation `<id>:evaluate`
+# (handlers.rollout). Reserved: a submitted command under one would make the issuing decision
+# collide with it, and the whole batch holding it could never commit.
+_ISSUED_ID = re.compile(r".*:(place:[0-9]+|evaluate)")
+
+
+def is_issued_id(command_id: str) -> bool:
+    """True for an id of the form decisions give the commands they issue."""
+    return _ISSUED_ID.fullmatch(command_id) is not None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane.commands import CommandBase, parse_command
 from controlplane.deciding import Outcome, Prepared, decide_batch
-from controlplane.decisions import ACCEPTED, INBOX_STREAM, inbox_record
+from controlplane.decisions import ACCEPTED, INBOX_STREAM, inbox_record, is_issued_id
 from controlplane.errors import FieldProblem, SubmissionRejected
 from controlplane.handlers import EFFECTS, PRECHECKS, RESUMABLE, UNFINISHED
 from controlplane.policy_book import PolicyBook
@@ -52,6 +52,10 @@ def accept(store: EventStore, commands: Sequence[CommandBase],
         problems = _reused_ids(tx, commands, lines, seen,
                                [c.command_id for c, e in zip(commands, event_ids, strict=True)
                                 if e in known])
+        problems += [FieldProblem(line, "command_id", f"command id {c.command_id!r} has the form "
+                                  "of a command the control plane issues (<id>:place:<n>, "
+                                  "<id>:evaluate); choose another")
+                     for c, line in zip(fresh, fresh_lines, strict=True) if is_issued_id(c.command_id)]
         problems += precheck(tx, fresh, fresh_lines)
         if problems:
             raise SubmissionRejected(problems)

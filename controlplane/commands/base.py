@@ -51,6 +51,17 @@ class Frozen(BaseModel):
 _CACHED = ("occurred_at", "command_type")
 
 
+def as_utc(value: datetime) -> datetime:
+    """`value` in UTC (a naive time is taken as UTC); ValueError, which validation reports
+    naming the field, when UTC cannot hold it (year 1 at +01:00 is year 0 in UTC)."""
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("the time in UTC falls outside years 1 to 9999") from None
+
+
 class CommandBase(Frozen):
     """Fields every command carries. `at` is the command's logical time: policies read no clock."""
 
@@ -67,9 +78,7 @@ class CommandBase(Frozen):
     @field_validator("at")
     @classmethod
     def _aware_utc(cls, value: datetime) -> datetime:
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        return as_utc(value)
 
     # Cached on the instance (a command is immutable); they are not fields, so the payload,
     # equality and validation never see them. A copy with changed fields drops them (below).

@@ -6,25 +6,19 @@ no handler reads a clock.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from controlplane.commands.base import MAX_TOKENS, CommandBase, Frozen, Name
+from controlplane.commands.base import MAX_TOKENS, CommandBase, Frozen, Name, as_utc
 
 MAX_QUEUE_ESTIMATE_SECONDS = 10_000_000.0
 MAX_TOKENS_PER_SECOND = 1_000_000_000.0
 MAX_OBSERVATIONS = 1_000
 
 
-def _as_utc(value: datetime) -> datetime:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
-
-
-UtcTime = Annotated[datetime, AfterValidator(_as_utc)]
+UtcTime = Annotated[datetime, AfterValidator(as_utc)]
 TokenCount = Annotated[int, Field(strict=True, ge=0, le=MAX_TOKENS)]
 
 

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 
 from controlplane.commands import command_adapter
+from controlplane.decisions import is_issued_id
 from controlplane.replay import compare_with_live, verify_decisions
 from controlplane.runtime import open_store
 from controlplane.service import accept, decide, pending_command_ids
@@ -46,6 +47,11 @@ def test_ten_thousand_mixed_decisions_replay_exactly(sqlite_url: str) -> None:
     for kind in ("NodeRegistered", "ReplicaPlaced", "RequestAdmitted", "RequestReleased",
                  "ScaleDecided", "RolloutPromoted", "RolloutRolledBack"):
         assert decisions[kind] > 0, f"the scenario never produced {kind}"
+    # The ids decisions give the commands they issue are the ones submissions may not take.
+    issued = [e.command_id or "" for e in store.read_all()
+              if e.event_type == "CommandAccepted" and e.causation_id]
+    assert all(is_issued_id(command_id) for command_id in issued)
+    assert any(":place:" in c for c in issued) and any(c.endswith(":evaluate") for c in issued)
     assert compare_with_live(store) == []
     report = verify_decisions(store)
     assert report.decisions_checked >= 10_000 and report.drifts == []
