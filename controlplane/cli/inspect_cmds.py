@@ -8,7 +8,7 @@ import click
 
 from controlplane.cli.context import existing_store
 from controlplane.cli.output import emit, table
-from controlplane.cli.status_view import render_status
+from controlplane.cli.status_view import pool_budgets, render_status
 from controlplane.errors import InputError
 from controlplane.explain import explain_id
 from controlplane.replay import state_at, whole_decisions_cut
@@ -45,7 +45,8 @@ def status(at_position: int | None, as_json: bool) -> None:
         # Never inside a decision: a state folded there was never committed (`whole_decisions_cut`).
         position = whole_decisions_cut(store, min(at_position, head))
         projections = state_at(store, position).snapshot()
-    emit({"position": position, "projections": projections}, as_json, render_status)
+    emit({"position": position, "projections": projections,
+          "pool_budgets": pool_budgets(projections)}, as_json, render_status)
 
 
 @click.command("log")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 from controlplane.cli.output import table
+from controlplane.handlers.admission_pool import pool_capacity
+from controlplane.policy_book import PolicyBook
 
 Rows = dict[str, dict[str, Any]]
 
@@ -27,9 +30,33 @@ def _replicas(rows: Rows) -> str:
          r["kv_capacity_tokens"]] for rid, r in rows.items()])
 
 
-def _pools(rows: Rows) -> str:
-    return table(["pool", "ready", "warming", "live-token budget"], [
-        [pid, len(p["ready"]), len(p["warming"]), p["live_token_budget"]]
+class _Snapshot:
+    """Projections as plain data, read as the handlers read state."""
+
+    def __init__(self, projections: dict[str, Rows]) -> None:
+        self.projections = projections
+
+    def get(self, name: str, key: str) -> dict[str, Any] | None:
+        return self.projections.get(name, {}).get(key)
+
+    def items(self, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        yield from sorted(self.projections.get(name, {}).items())
+
+
+def pool_budgets(projections: dict[str, Rows]) -> dict[str, int]:
+    """Each pool's live-token budget as admission computes it: its ready replicas' KV capacity
+    (the `pool` projection's `live_token_budget`, a capacity despite its name) times the
+    admission policy's `live_token_budget_fraction` in force."""
+    view = _Snapshot(projections)
+    policy = PolicyBook().in_force(view, "admission")
+    return {pool_id: pool_capacity(view, pool_id, policy).budget_tokens
+            for pool_id in projections.get("pool", {})}
+
+
+def _pools(rows: Rows, budgets: dict[str, int] | None = None) -> str:
+    budgets = budgets or {}
+    return table(["pool", "ready", "warming", "ready KV tokens", "live-token budget"], [
+        [pid, len(p["ready"]), len(p["warming"]), p["live_token_budget"], budgets.get(pid, "")]
         for pid, p in rows.items()])
 
 
@@ -80,6 +107,8 @@ def render_status(report: dict[str, Any]) -> str:
         if name in HIDDEN or not projections[name]:
             continue
         title, view = VIEWS.get(name, (name, _generic))
+        if name == "pool":  # the budget is derived: the report carries it beside the rows
+            view = partial(_pools, budgets=report.get("pool_budgets"))
         rows = dict(list(projections[name].items())[:MAX_ROWS])
         more = len(projections[name]) - len(rows)
         lines += ["", f"{title} ({len(projections[name])})", view(rows)]
