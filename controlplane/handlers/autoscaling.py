@@ -11,8 +11,18 @@ consequences are part of it, in the same transaction:
   never a ready replica whose capacity admitted requests still hold: it releases only while the
   pool's live-token budget after the release (ready capacity x the admission policy's
   `live_token_budget_fraction`) still covers the tokens admitted and not yet released. The rest
-  wait for a later observation (`scale_down_held_by_admitted_load`); when none can go, the
-  decision is a hold, which starts no cooldown.
+  wait for a later observation (`scale_down_held_by_admitted_load`);
+- a scale-down never releases a replica in place of a placement it issued and has not decided
+  yet (`placements_pending`): those cannot be withdrawn and will land. The excess over the
+  target is charged to them first (they are the newest) and only the rest releases replicas,
+  so a ready one goes only when the excess is more than the pending placements; the first
+  observation after they land releases them, warming before ready, and the pool converges to
+  the target within [min_replicas, max_replicas]. (Releasing as if they did not exist shed the
+  ready replicas and left warming ones only; holding every release while any placement is
+  pending would keep a lowered `max_replicas` waiting on one slow placement.)
+`target_replicas` (= `desired_replicas_after`) is what the pool asks for after the decision;
+where that is not the policy's target, a reason says why and names it (`policy_target_replicas`).
+A decision that releases and places nothing is a hold: no cooldown or stabilisation restarts.
 Every consequence is caused by (`causes`, `causation_id`) the `ScaleDecided` event.
 """
 
@@ -94,6 +104,23 @@ def _scale_down_order(pool: dict[str, Any], row: dict[str, Any]) -> list[str]:
     def newest_first(ids: dict[str, int]) -> list[str]:
         return sorted(ids, key=lambda rid: (-row["members"].get(rid, -1), rid))
     return newest_first(pool["warming"]) + newest_first(pool["ready"])
+
+
+def scale_down_candidates(pool: dict[str, Any], row: dict[str, Any],
+                          excess: int) -> tuple[list[str], Reason | None]:
+    """The replicas that may go to shed `excess` now, and why fewer go, if they do: the
+    undecided placements are charged first (see the module's docstring)."""
+    pending = row["pending_placements"]
+    awaited = min(excess, len(pending))
+    candidates = _scale_down_order(pool, row)[:excess - awaited]
+    if not awaited:
+        return candidates, None
+    return candidates, Reason(
+        "placements_pending",
+        f"{awaited} of the {excess} replica(s) above the target are placements not decided yet: "
+        "no replica is released in their place; an observation after they land releases them",
+        {"excess_replicas": excess, "awaited_placements": awaited,
+         "pending_placements": list(pending)})
 
 
 def _admitted_load(ctx: DecisionContext, pool_id: str) -> dict[str, Any]:
@@ -192,8 +219,13 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
     if to_add and row["replica_template"] is None:
         # Nothing can be placed, so nothing scales: a hold, which starts no cooldown (recorded
         # as a scale-up it had delayed the first real one by the whole cooldown).
-        reasons.append(Reason("no_replica_template", "the pool has no placed replica to copy",
-                              {"missing_replicas": to_add}))
+        reasons.append(Reason(
+            "no_replica_template",
+            f"the pool has no placed replica to copy: it stays at {state.desired_replicas} "
+            f"replica(s), short of the policy's target of {decision.target_replicas}",
+            {"missing_replicas": to_add, "policy_target_replicas": decision.target_replicas,
+             "min_replicas": parameters["min_replicas"],
+             "max_replicas": parameters["max_replicas"]}))
         to_add = 0
         decision = dataclasses.replace(decision, action=ScaleAction.HOLD,
                                        target_replicas=state.desired_replicas)
@@ -202,15 +234,18 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
     admitted: dict[str, Any] | None = None
     held: Reason | None = None
     if decision.action is ScaleAction.SCALE_DOWN:
+        candidates, awaiting = scale_down_candidates(
+            pool, row, state.desired_replicas - decision.target_replicas)
         admitted = _admitted_load(ctx, command.pool_id)
-        victims, held = _releasable(
-            pool, _scale_down_order(pool, row)[:state.desired_replicas - decision.target_replicas],
-            admitted["live_tokens"], admitted["live_token_budget_fraction"])
-        if held is not None:
-            reasons.append(held)
-            decision = dataclasses.replace(
-                decision, target_replicas=state.desired_replicas - len(victims),
-                action=ScaleAction.SCALE_DOWN if victims else ScaleAction.HOLD)
+        victims, held = _releasable(pool, candidates, admitted["live_tokens"],
+                                    admitted["live_token_budget_fraction"])
+        reasons += [dataclasses.replace(
+            r, facts={**r.facts, "policy_target_replicas": decision.target_replicas})
+            for r in (awaiting, held) if r is not None]
+        # The target recorded is what the pool still asks for; releasing nothing is a hold.
+        decision = dataclasses.replace(
+            decision, target_replicas=state.desired_replicas - len(victims),
+            action=ScaleAction.SCALE_DOWN if victims else ScaleAction.HOLD)
     acted = decision.action is not ScaleAction.HOLD
     result = {**_result(command, decision, state, parameters, window),
               "placements": [{"replica_id": c.replica_id, "command_id": c.command_id}
@@ -273,7 +308,9 @@ RULES_VERSIONS: dict[str, int] = {
     # 3: a scale-down never releases capacity admitted requests still hold.
     # 4: the kept window merges a span into its observation of the highest demand, not into
     #    the largest queued tokens and arrival rate of any (a demand none of them had).
-    "ObserveLoad": 4,
+    # 5: a scale-down charges its excess to undecided placements first and releases no replica
+    #    in their place (`placements_pending`); a hold names the policy's target it falls short of.
+    "ObserveLoad": 5,
 }
 READS: dict[str, Reads] = {"ObserveLoad": _reads}
 STREAMS: dict[str, Streams] = {"ObserveLoad": _streams}
