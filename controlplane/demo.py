@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controlplane.catalog.registry import fixtures_dir
+from controlplane.catalog.registry import fixtures_dir, load_catalog
 from controlplane.commands import command_adapter
+from controlplane.errors import InputError
 from controlplane.policies.fleet_plan import scenario_digest, scenario_from_plain
-from controlplane.policies.reasons import to_plain
+from controlplane.policies.fleet_plan_scenario import Scenario
+from controlplane.policies.reasons import PolicyInputError, to_plain
 from controlplane.replay import compare_with_live, state_at, verify_decisions
 from controlplane.settings import Settings
-from controlplane.simulation.traces import read_trace
+from controlplane.simulation.traces import Trace, read_trace
 from controlplane.workloads import at, model, observe, placement, ready, two_canaries
 from events.model import RecordedEvent
 from events.store import EventStore
@@ -52,13 +54,37 @@ class DemoReport:
         return self.projection_differences == 0 and self.drifts == 0 and self.chain_ok
 
 
+@dataclass(frozen=True)
+class DemoInputs:
+    """What the demo reads from the fixtures directory: the plan's scenario and the trace."""
+
+    scenario: Scenario
+    trace: Trace
+
+
+def demo_inputs(trace_requests: int) -> DemoInputs:
+    """Read everything the demo needs from `FLEET_FIXTURES_DIR` (the catalog, the default
+    scenario, the trace) before anything is written; InputError naming the variable if any of
+    it cannot be read, so a bad directory leaves no half-run demo in the log."""
+    directory = fixtures_dir()
+    try:
+        load_catalog()
+        plain = json.loads((directory / "scenarios" / "default.json").read_text("utf-8"))
+        return DemoInputs(scenario_from_plain(plain),
+                          read_trace(default_trace_path(), limit=trace_requests))
+    except (OSError, ValueError, PolicyInputError, InputError) as error:
+        detail = error.message if isinstance(error, PolicyInputError) else str(error)
+        raise InputError(f"FLEET_FIXTURES_DIR: the demo cannot read its fixtures in {directory}: "
+                         f"{detail}") from None
+
+
 class Demo:
     """Runs the demo's phases against one store, each through `workers.pipeline.submit`."""
 
-    def __init__(self, settings: Settings, store: EventStore, run_id: str, trace_requests: int,
+    def __init__(self, settings: Settings, store: EventStore, run_id: str, inputs: DemoInputs,
                  progress: Progress | None = None) -> None:
         self.settings, self.store, self.run_id = settings, store, run_id
-        self.trace_requests = trace_requests
+        self.inputs = inputs
         self.progress = progress or (lambda _: None)
         self.report = DemoReport(run_id)
 
@@ -104,8 +130,7 @@ class Demo:
         self._run("register the fleet", payloads)
 
     def plan(self) -> None:
-        plain = json.loads((fixtures_dir() / "scenarios" / "default.json").read_text())
-        scenario = scenario_from_plain(plain)
+        scenario = self.inputs.scenario
         plan_id = f"{self.run_id}-{scenario_digest(scenario)[:16]}"
         events = self._run("plan the release (spec default scenario)", [{
             "type": "PlanFleet", "command_id": self.name("plan"), "plan_id": plan_id,
@@ -128,8 +153,7 @@ class Demo:
 
     def trace(self) -> None:
         """A slice of the Azure 2023 conversation trace, played as admissions and releases."""
-        trace = read_trace(fixtures_dir() / "traces" / "AzureLLMInferenceTrace_conv.csv",
-                           limit=self.trace_requests)
+        trace = self.inputs.trace
         pool = self.name(POOL)
         timeline: list[tuple[float, int, dict[str, Any]]] = []
         for request in trace.requests:

@@ -11,7 +11,7 @@ import click
 
 from controlplane.cli.context import settings_and_store
 from controlplane.cli.output import emit, table
-from controlplane.demo import Demo
+from controlplane.demo import Demo, demo_inputs
 
 
 def _render(report: dict[str, Any]) -> str:
@@ -45,11 +45,12 @@ def demo(trace_requests: int, as_json: bool) -> int:
     """Build a fleet, plan a release, play a real trace, scale, run canaries, verify the log."""
     if trace_requests <= 0:
         raise click.BadParameter("must be positive", param_hint="--trace-requests")
+    inputs = demo_inputs(trace_requests)  # before the log is opened: a bad fixture writes nothing
     settings, store = settings_and_store()
     progress = None
     if not as_json and sys.stderr.isatty():
         def progress(phase: str) -> None:
             click.echo(f"… {phase}", err=True)
-    report = Demo(settings, store, f"demo{uuid.uuid4().hex[:6]}", trace_requests, progress).run()
+    report = Demo(settings, store, f"demo{uuid.uuid4().hex[:6]}", inputs, progress).run()
     emit(asdict(report), as_json, _render)
     return 0 if report.ok else 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -163,6 +164,22 @@ def test_an_unreachable_redis_is_an_operational_failure(tmp_path: Path,
     result = run_cli("submit", str(write_lines(tmp_path / "c.jsonl", assess_memory("x"))))
     assert result.exit_code == 3
     assert "s3cret" not in result.stderr
+
+
+@pytest.mark.parametrize("missing", ["everything", "scenarios", "traces"])
+def test_demo_with_fixtures_it_cannot_read_exits_2_naming_the_variable_and_writes_nothing(
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
+    # Before, a traceback (exit 1) after the fleet phase had been recorded.
+    fixtures = tmp_path / "fixtures"
+    if missing != "everything":
+        shutil.copytree(ROOT / "fixtures", fixtures)
+        shutil.rmtree(fixtures / missing)
+    monkeypatch.setenv("FLEET_FIXTURES_DIR", str(fixtures))
+    result = run_cli("demo", "--trace-requests", "5")
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("error: FLEET_FIXTURES_DIR: ")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert not (tmp_path / "fleet.db").exists()
 
 
 def test_demo_plans_plays_a_trace_scales_runs_canaries_and_verifies(embedded: str) -> None:
