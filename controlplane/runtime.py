@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -39,6 +40,11 @@ def open_store(database_url: str, migrate: bool = True,
     except Exception as error:  # sqlalchemy raises ArgumentError, ValueError… for a bad URL
         raise InputError(f"{url_source} is not a usable database URL "
                          f"({type(error).__name__})") from None
+    file = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
+    if file and file != ":memory:" and not file.startswith("file:") \
+            and not Path(file).parent.is_dir():
+        engine.dispose()  # SQLite would say only "unable to open database file" (exit 3)
+        raise InputError(f"{url_source}: the directory {Path(file).parent} does not exist")
     if migrate:
         try:
             ensure_schema(engine)

@@ -26,10 +26,11 @@ def _positive_int(name: str, default: int, maximum: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InputError(f"{name} must be a whole number, got {raw[:40]!r}") from None
+    # ASCII digits only, as written: Python's int() also reads " 5", "+5", "1_000" and
+    # Arabic-Indic digits, which no other setting or option accepts.
+    if not re.fullmatch(r"-?[0-9]+", raw):
+        raise InputError(f"{name} must be a whole number, got {raw[:40]!r}")
+    value = int(raw)
     if value <= 0:
         raise InputError(f"{name} must be positive, got {value}")
     if value > maximum:

@@ -7,6 +7,7 @@ from functools import lru_cache
 
 import fakeredis
 from redis import Redis
+from redis.connection import SSLConnection
 from redis.exceptions import AuthenticationError, ResponseError
 
 from controlplane.errors import InputError, OperationalError
@@ -83,4 +84,6 @@ def _address(connection: Redis) -> str:
     options = connection.connection_pool.connection_kwargs
     if "path" in options:
         return f"unix://{options['path']}"
-    return f"redis://{options.get('host')}:{options.get('port')}/{options.get('db', 0)}"
+    scheme = "rediss" if issubclass(connection.connection_pool.connection_class,
+                                    SSLConnection) else "redis"
+    return f"{scheme}://{options.get('host')}:{options.get('port')}/{options.get('db', 0)}"

@@ -103,3 +103,33 @@ def test_a_database_index_the_server_does_not_have_is_refused_before_the_inbox_i
         assert store.head()[0] == 0
     finally:
         store.engine.dispose()
+
+
+@pytest.mark.parametrize("variable", ["FLEET_BATCH_SIZE", "FLEET_JOB_TIMEOUT_SECONDS"])
+@pytest.mark.parametrize("raw", ["١٠", " 5", "5 ", "+5", "1_0", "--5", "5.0"])
+def test_a_number_setting_takes_ascii_digits_as_written_only(
+        variable: str, raw: str, commands: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, int() read Arabic-Indic digits, spaces, a sign and underscores.
+    monkeypatch.setenv(variable, raw)
+    assert_refused_naming(run_cli("submit", str(commands)), variable)
+    assert not database_file(tmp_path).exists()
+
+
+def test_a_sqlite_log_in_a_directory_that_does_not_exist_is_bad_input_not_an_outage(
+        commands: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, exit 3 with SQLite's "unable to open database file", naming nothing.
+    monkeypatch.setenv("FLEET_DATABASE_URL", f"sqlite:///{tmp_path / 'nodir' / 'x.db'}")
+    result = run_cli("submit", str(commands))
+    assert_refused_naming(result, "FLEET_DATABASE_URL")
+    assert str(tmp_path / "nodir") in result.stderr
+    assert not (tmp_path / "nodir").exists()
+
+
+def test_an_unreachable_tls_redis_is_named_with_its_scheme(
+        commands: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_REDIS_URL", "rediss://user:s3cret@127.0.0.1:1/3")
+    result = run_cli("reconcile")
+    assert result.exit_code == 3
+    assert result.stderr.startswith("error: Redis at rediss://127.0.0.1:1/3 is unreachable")
+    assert "s3cret" not in result.stderr
