@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.commands import CommandBase
@@ -29,12 +29,43 @@ def is_issued_id(command_id: str) -> bool:
     return _ISSUED_ID.fullmatch(command_id) is not None
 
 
+# Where a decision's inputs hold what it read from outside the log (`DecisionContext.read_outside`).
+OUTSIDE_READS = "outside_reads"
+
+
+@dataclass
+class OutsideReads:
+    """What one decision read from outside the log, by key: `{"value": ...}` for a value read,
+    `{"error": {"code", "field", "message"}}` for a `PolicyInputError` the read raised.
+
+    Live, `replayed` is None: every read is made, and kept (`made`) for the decision's inputs.
+    Re-deriving a decision that recorded its reads (`recorded_by`), `replayed` holds them: a key
+    found there is never read again, so the decision re-derives from the log alone. Re-deriving
+    one recorded before reads were recorded (its inputs hold no `outside_reads`), `keep` is
+    False: the outside world is read as it is today, as the rules that made it did, and nothing
+    is added to its inputs, so it re-derives to the record it has.
+    """
+
+    replayed: Mapping[str, Any] | None = None
+    keep: bool = True
+    made: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def recorded_by(cls, decision: Mapping[str, Any]) -> OutsideReads:
+        """The reads of the recorded decision `decision` (its data), to re-derive it with."""
+        inputs = decision.get("inputs")
+        recorded = inputs.get(OUTSIDE_READS) if isinstance(inputs, dict) else None
+        return cls(recorded) if isinstance(recorded, dict) else cls({}, keep=False)
+
+
 @dataclass(frozen=True)
 class DecisionContext:
-    """Everything a handler may read: state as of `read_position`, and the policies in force.
+    """Everything a handler may read: state as of `read_position`, the policies in force, and
+    what `read_outside` returns.
 
     Live, the state is the appending transaction's; in replay, a fold of the log up to the same
-    position. Handlers cannot tell the two apart, which is what makes re-derivation exact.
+    position. Handlers cannot tell the two apart, which is what makes re-derivation exact. One
+    context serves one decision (its outside reads are that decision's).
     """
 
     state: StateView
@@ -49,6 +80,37 @@ class DecisionContext:
     # may judge elapsed wall-clock time and still re-derive exactly. None: no clock was given
     # (a context built by hand), and no wall-clock time may be taken to have passed.
     recorded_at: str | None = None
+    # What the decision read from outside the log: see `read_outside`.
+    outside: OutsideReads = field(default_factory=OutsideReads)
+
+    def read_outside(self, key: str, read: Callable[[], Any]) -> Any:
+        """`read()`, an input from outside the log (a catalog file), recorded under `key` in
+        the decision's inputs; a `PolicyInputError` it raises is recorded and raised again.
+
+        Guarantee: re-deriving (`replay --verify`, what-if `replay --policy`) returns the value,
+        or raises the error, that the decision recorded, without calling `read`: a decision
+        re-derives from the log alone, whatever the outside world holds by then. Exception: a
+        decision recorded before its handler read through here has nothing recorded, and is
+        re-derived by reading the outside world today (`OutsideReads`). `read` returns plain
+        data (made plain before use, so live and replay see the same value); another exception
+        it raises is not recorded and propagates.
+        """
+        replayed = self.outside.replayed
+        if replayed is not None and key in replayed:
+            outcome = replayed[key]
+        else:
+            try:
+                outcome = {"value": to_plain(read())}
+            except PolicyInputError as error:
+                outcome = {"error": {"code": error.code, "field": error.field,
+                                     "message": error.message}}
+        if self.outside.keep:
+            self.outside.made[key] = outcome
+        if "error" in outcome:
+            error_record = outcome["error"]
+            raise PolicyInputError(error_record["code"], error_record["field"],
+                                   error_record["message"])
+        return outcome["value"]
 
 
 def inbox_record(command: CommandBase) -> Plain:
@@ -77,12 +139,15 @@ def new_event(command: CommandBase, ctx: DecisionContext, slot: str, event_type:
 def decision_data(*, outcome: str, reasons: tuple[Reason, ...] | list[Reason],
                   result: dict[str, Any], policy: PolicyInForce | None, inputs: dict[str, Any],
                   ctx: DecisionContext, causes: list[str] | None = None) -> dict[str, Any]:
-    """The recorded decision: outcome, reasons with facts, policy, inputs, read position and the
-    version of the rules that decided it.
+    """The recorded decision: outcome, reasons with facts, policy, inputs (with what the
+    decision read from outside the log, under `outside_reads`, when it read any), read position
+    and the version of the rules that decided it.
 
     Every part is made plain here (`to_plain`: fresh containers, finite numbers), so the record
     is a `Plain` dict that the log encodes without checking it again.
     """
+    if ctx.outside.made:
+        inputs = {**inputs, OUTSIDE_READS: ctx.outside.made}
     return Plain({
         "outcome": to_plain(outcome),
         "reasons": to_plain(list(reasons)),

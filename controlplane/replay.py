@@ -21,7 +21,7 @@ from sqlalchemy import bindparam, func, select
 from sqlalchemy.engine import Connection
 
 from controlplane.commands import parse_command
-from controlplane.decisions import ACCEPTED, DecisionContext
+from controlplane.decisions import ACCEPTED, DecisionContext, OutsideReads
 from controlplane.handlers import OBSERVATIONS, decide_command, rules_version
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import apply_event
@@ -384,12 +384,19 @@ def _fold_one(state: MemoryProjections, versions: StreamVersions, event: Recorde
 def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any], str]],
            state: MemoryProjections, versions: StreamVersions, policies: PolicyBook,
            what_if: bool, report: VerifyReport) -> None:
+    """Re-derive the decision `group` holds from its command, the state folded before it and
+    what it recorded reading from outside the log (never the outside world as it is now, but
+    for a decision recorded before such reads were recorded: `OutsideReads`); add a drift to
+    `report` where it comes out differently."""
     first = group[0]
     payload, accepted_id = commands.pop(first.command_id or "")
     command = parse_command(payload)
-    # Decided at the time its events were recorded at (one append: they share it).
+    decision = next((e.data for e in group if "outcome" in e.data), {})
+    # Decided at the time its events were recorded at (one append: they share it), with what
+    # it read from outside the log as it recorded it.
     context = DecisionContext(state, first.position - 1, versions.before(group), policies,
-                              accepted_id, recorded_at=first.recorded_at)
+                              accepted_id, recorded_at=first.recorded_at,
+                              outside=OutsideReads.recorded_by(decision))
     appends = decide_command(command, context)
     # Compared without the rules version: a decision recorded before versions were lacks it.
     rederived = [{"stream_id": a.stream_id, "event_type": e.event_type, "data": _unversioned(e.data)}
@@ -407,7 +414,7 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any],
                             for field in ("event_type", "stream_id") if a[field] != b[field]})
         if len(left) != len(right):
             changed.append("event_count")
-        version = next((e.data.get("rules_version", 1) for e in group if "outcome" in e.data), 1)
+        version = decision.get("rules_version", 1)
         report.drifts.append(Drift(first.command_id or "", first.position, first.event_type,
                                    _summary(recorded), _summary(rederived), changed,
                                    version if type(version) is int else 1,

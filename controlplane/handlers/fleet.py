@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from controlplane.catalog.architecture import Architecture
 from controlplane.catalog.registry import load_catalog
 from controlplane.catalog.sizing import model_memory
@@ -20,6 +22,7 @@ from controlplane.errors import InputError
 from controlplane.handlers.admission_promotion import promote_on_policy
 from controlplane.handlers.base import Handler, Precheck, Streams
 from controlplane.handlers.placement import release_events
+from controlplane.policies.memory import ModelMemory
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.policy_book import validate_parameters
 from controlplane.state.fleet import (
@@ -35,6 +38,7 @@ from events.model import StreamAppend
 from events.projections import StateView
 
 CATALOG_STREAM = "catalog"  # every model registration's decision
+KV_ELEMENT_BYTES = 2  # a registered model's KV cache is sized at 16 bits an element
 
 
 def handle_register_node(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
@@ -88,7 +92,12 @@ def handle_drain_node(command: CommandBase, ctx: DecisionContext) -> list[Stream
 
 
 def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
-    """Record a model's memory architecture, resolved from the catalog or as declared."""
+    """Record a model's memory architecture, resolved from the catalog or as declared.
+
+    The catalog entry used, or the error reading it raised, is recorded in the decision's
+    inputs, and re-derivation takes it from there (`DecisionContext.read_outside`): a later
+    change to the catalog files, or their absence, changes no recorded registration.
+    """
     assert isinstance(command, RegisterModel)
     if ctx.state.get(MODEL, command.model_id) is not None:
         return rejection(command, ctx, PolicyInputError(
@@ -98,14 +107,18 @@ def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[St
         memory = command.memory.model_dump()
         source = "declared"
     else:
-        try:
-            entry = load_catalog().model(command.catalog_id or "")
-            bits = (command.weight_bits if command.weight_bits is not None
-                    else _checkpoint_bits(entry.architecture))
+        catalog_id = command.catalog_id or ""
+        try:  # read from the catalog files live, from the recorded decision in replay
+            entry = ctx.read_outside(f"catalog:{catalog_id}",
+                                     lambda: _catalog_entry(catalog_id, command.weight_bits))
         except PolicyInputError as error:
             return rejection(command, ctx, error, CATALOG_STREAM)
-        memory = to_plain(model_memory(entry.architecture, entry.parameters.total, bits, 2))
-        source = f"catalog:{entry.model_id}"
+        bits = command.weight_bits if command.weight_bits is not None else entry["checkpoint_bits"]
+        memory = to_plain(ModelMemory(
+            parameters=entry["parameters"], weight_bits=bits, layers=entry["layers"],
+            kv_heads=entry["kv_heads"], head_dim=entry["head_dim"],
+            kv_element_bytes=KV_ELEMENT_BYTES, kv_latent_dim=entry["kv_latent_dim"]))
+        source = f"catalog:{entry['model_id']}"
     model = {"model_id": command.model_id, "source": source, "memory": memory}
     reason = Reason("model_registered", f"model {command.model_id} registered from {source}",
                     {"parameters": memory["parameters"], "layers": memory["layers"]})
@@ -113,6 +126,22 @@ def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[St
                          inputs=command.payload(), ctx=ctx)
     return [append_to(CATALOG_STREAM, ctx,
                       new_event(command, ctx, "decision", MODEL_REGISTERED, data))]
+
+
+def _catalog_entry(catalog_id: str, weight_bits: int | None) -> dict[str, Any]:
+    """What a registration uses of the catalog model `catalog_id` names, as plain data: its id,
+    the figures its memory is sized from (`model_memory`) and, without `weight_bits`, the bits
+    per weight its checkpoint is served in. A catalog that cannot be read, or an id it does not
+    resolve, raises `PolicyInputError`."""
+    entry = load_catalog().model(catalog_id)
+    bits = weight_bits if weight_bits is not None else _checkpoint_bits(entry.architecture)
+    sized = model_memory(entry.architecture, entry.parameters.total, bits, KV_ELEMENT_BYTES)
+    read = {"model_id": entry.model_id, "parameters": sized.parameters, "layers": sized.layers,
+            "kv_heads": sized.kv_heads, "head_dim": sized.head_dim,
+            "kv_latent_dim": sized.kv_latent_dim}
+    if weight_bits is None:
+        read["checkpoint_bits"] = bits
+    return read
 
 
 def _checkpoint_bits(architecture: Architecture) -> int:
@@ -190,7 +219,9 @@ RULES_VERSIONS: dict[str, int] = {
     # 2: a catalog model registered without weight_bits takes its checkpoint's precision
     #    (DeepSeek-V3: FP8, 8 bits), as `fleetctl fit` does; the default was 16. Commands
     #    recorded before carry weight_bits 16 in their payload and re-derive unchanged.
-    "RegisterModel": 2,
+    # 3: the catalog entry used (or why it could not be read) is recorded in the decision's
+    #    inputs (`outside_reads`), and re-derivation uses it instead of today's catalog files.
+    "RegisterModel": 3,
 }
 PRECHECKS: dict[str, Precheck] = {
     "SetPolicy": precheck_set_policy,
