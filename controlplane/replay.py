@@ -73,8 +73,9 @@ def _differs(left: dict[str, Any], right: dict[str, Any], key: str) -> bool:
 
 
 def diff_tables(live: dict[str, dict[str, Any]], rebuilt: dict[str, dict[str, Any]],
-                limit: int = 20) -> list[dict[str, Any]]:
-    """Rows that differ between two projection snapshots (as canonical JSON), at most `limit`."""
+                limit: int | None = 20) -> list[dict[str, Any]]:
+    """Rows that differ between two projection snapshots (as canonical JSON), at most `limit`
+    (every one when None: the entries refer to the snapshots' rows, they copy none)."""
     differences = []
     for name in sorted(set(live) | set(rebuilt)):
         left, right = live.get(name, {}), rebuilt.get(name, {})
@@ -82,7 +83,7 @@ def diff_tables(live: dict[str, dict[str, Any]], rebuilt: dict[str, dict[str, An
             if _differs(left, right, key):
                 differences.append({"projection": name, "key": key, "live": left.get(key),
                                     "rebuilt": right.get(key)})
-                if len(differences) >= limit:
+                if limit is not None and len(differences) >= limit:
                     return differences
     return differences
 
@@ -102,17 +103,30 @@ PROJECTIONS_REBUILT = "ProjectionsRebuilt"
 MAINTENANCE_STREAM = "maintenance/projections"
 
 
-def rebuild_live(store: EventStore, progress: ProgressFn | None = None) -> int:
-    """Drop the live projections and write them again from the log; returns events folded
-    (`progress` is told how many, every 10,000).
+@dataclass(frozen=True)
+class Rebuilt:
+    """What `rebuild_live` did: events folded, how many live rows differed from the fold before
+    they were rewritten, and the first 20 of them (as `diff_tables` lists them)."""
+
+    events_folded: int
+    differences_repaired: int
+    differences: list[dict[str, Any]]
+
+
+def rebuild_live(store: EventStore, progress: ProgressFn | None = None) -> Rebuilt:
+    """Drop the live projections and write them again from the log (`progress` is told how many
+    events were folded, every 10,000).
 
     The fold runs in memory under the append lock and only its final rows are written, in the
     same transaction, so nobody sees a half-built state and the write buffer holds the bounded
-    state rather than every row the log ever touched. The rebuild is recorded in the log
-    (`ProjectionsRebuilt`, which folds to nothing): the head moves, so every process that keeps
-    projection rows cached for the old head reads them again.
+    state rather than every row the log ever touched. The live rows are compared with the fold
+    first: a rebuild repairs a state that was wrong, and says so, rather than hiding it. The
+    rebuild is recorded in the log (`ProjectionsRebuilt`, which folds to nothing, with how many
+    rows it repaired): the head moves, so every process that keeps projection rows cached for
+    the old head reads them again.
     """
     with store.transaction() as tx:
+        live = load_all(tx.connection)
         drop_all(tx.connection)
         state = MemoryProjections()
         count = 0
@@ -121,6 +135,9 @@ def rebuild_live(store: EventStore, progress: ProgressFn | None = None) -> int:
             count += 1
             if progress is not None and count % 10_000 == 0:
                 progress(count)
+        differences = diff_tables(live, state.snapshot(), limit=None)
+        repaired, differences = len(differences), differences[:20]
+        del live
         for name, rows in state.tables.items():
             for key, value in rows.items():
                 tx.projections.put(name, key, value)
@@ -128,10 +145,11 @@ def rebuild_live(store: EventStore, progress: ProgressFn | None = None) -> int:
         tx.append([StreamAppend(MAINTENANCE_STREAM, None, [NewEvent(
             event_id=derived_event_id("projections-rebuilt", str(through)),
             event_type=PROJECTIONS_REBUILT,
-            data={"events_folded": count, "through_position": through},
+            data={"events_folded": count, "through_position": through,
+                  "differences_repaired": repaired},
             occurred_at=datetime.now(UTC).isoformat(timespec="microseconds"),
             actor="operator", tenant="system")])])
-    return count
+    return Rebuilt(count, repaired, differences)
 
 
 class StreamVersions:

@@ -9,7 +9,7 @@ import click
 
 from controlplane.cli.context import existing_store
 from controlplane.cli.output import emit, progress
-from controlplane.cli.status_view import render_status
+from controlplane.cli.status_view import pool_budgets, render_status
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import (
     compare_with_live,
@@ -22,12 +22,21 @@ from controlplane.replay import (
 
 def _render(report: dict[str, Any]) -> str:
     lines = []
+    if "rebuilt_events" in report:
+        lines.append(f"rebuilt the live projections from {report['rebuilt_events']} event(s)")
+        repaired = report["repaired_differences"]
+        if repaired:
+            rows = ", ".join(f"{d['projection']}/{d['key']}" for d in repaired[:5])
+            lines.append(f"  the live state differed from the log before the rebuild: "
+                         f"{report['differences_repaired']} row(s) rewritten ({rows}"
+                         f"{', …' if report['differences_repaired'] > 5 else ''})")
     if "state" in report:
         if "requested_position" in report:
             lines.append(f"position {report['requested_position']} is inside a decision: the "
                          f"state as of {report['position']}, before it")
         lines.append(render_status({"position": report["position"],
-                                    "projections": report["state"]}))
+                                    "projections": report["state"],
+                                    "pool_budgets": pool_budgets(report["state"])}))
     if "projection_differences" in report:
         differences = report["projection_differences"]
         lines.append("projections: rebuilt state equals the live state" if not differences
@@ -52,8 +61,6 @@ def _render(report: dict[str, Any]) -> str:
             lines.append(f"  #{drift['position']} {drift['command_id']}: "
                          f"{drift['recorded']['outcome']} -> {drift['rederived']['outcome']} "
                          f"({', '.join(drift['changed_fields'])}{rules})")
-    if "rebuilt_events" in report:
-        lines.append(f"rebuilt the live projections from {report['rebuilt_events']} event(s)")
     return "\n".join(lines)
 
 
@@ -95,7 +102,13 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
         failed = bool(result.unexplained) and not policy_file
     if rebuild:
         with progress("rebuild: events folded", store.head()[0]) as report_progress:
-            report["rebuilt_events"] = rebuild_live(store, report_progress)
+            rebuilt = rebuild_live(store, report_progress)
+        report["rebuilt_events"] = rebuilt.events_folded
+        # What the rebuild repaired: a live state that was not the log's is a check that said
+        # no, as plain `replay` reports it, though the state is now right.
+        report["differences_repaired"] = rebuilt.differences_repaired
+        report["repaired_differences"] = rebuilt.differences
+        failed = failed or bool(rebuilt.differences_repaired)
     if to_position is not None:
         # Never inside a decision: a state folded there was never committed; --verify's
         # counts stay as the cut was asked (the decision is left unchecked there).
@@ -107,6 +120,6 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
     elif not (verify_ or policy_file):
         with progress("replay: events folded", store.head()[0]) as report_progress:
             report["projection_differences"] = compare_with_live(store, report_progress)
-        failed = bool(report["projection_differences"])
+        failed = failed or bool(report["projection_differences"])
     emit(report, as_json, _render)
     return 1 if failed else 0

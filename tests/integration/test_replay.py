@@ -64,7 +64,7 @@ def test_dropping_and_rebuilding_the_projections_gives_the_same_state(
         before = load_all(conn)
     assert before["memory_fit"], "the decisions projected nothing"
     head = decided_store.head()[0]
-    assert rebuild_live(decided_store) == head >= 2_000
+    assert rebuild_live(decided_store).events_folded == head >= 2_000
     rebuilt = decided_store.read_all(from_position=head)
     assert [e.event_type for e in rebuilt] == ["ProjectionsRebuilt"]  # recorded, folds to nothing
     with decided_store.engine.connect() as conn:
@@ -187,6 +187,24 @@ def test_rebuilt_projections_are_compared_as_canonical_json(store: EventStore) -
                      {"data": retyped})
     differences = compare_with_live(store)
     assert [(d["projection"], d["key"]) for d in differences] == [("memory_fit", "model-typed")]
+
+
+def test_a_rebuild_reports_and_records_the_rows_it_repaired(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before, `replay --rebuild` rewrote a tampered row and then said the states were equal.
+    decide_through_the_queue(store, [assess_memory("kept"), assess_memory("edited")])
+    clean = rebuild_live(store)
+    assert (clean.differences_repaired, clean.differences) == (0, [])
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE projections SET data = :data WHERE name = 'memory_fit' "
+                          "AND key = 'model-edited'"), {"data": canonical_json({"fits": False})})
+    monkeypatch.setenv("FLEET_DATABASE_URL", store.engine.url.render_as_string(False))
+    result = run_cli("replay", "--rebuild")
+    assert result.exit_code == 1, (result.output, result.stderr)
+    assert "1 row(s) rewritten (memory_fit/model-edited)" in result.output
+    [rebuilt] = [e for e in store.read_all() if e.event_type == "ProjectionsRebuilt"][-1:]
+    assert rebuilt.data["differences_repaired"] == 1
+    assert run_cli("replay").exit_code == 0  # repaired
 
 
 def test_rederived_decisions_are_compared_as_canonical_json(store: EventStore) -> None:
