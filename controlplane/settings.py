@@ -22,7 +22,7 @@ MAX_JOB_TIMEOUT_SECONDS = 7 * 24 * 3_600
 MAX_WORKER_PROCESSES = 64
 
 
-def _positive_int(name: str, default: int, maximum: int) -> int:
+def positive_int_from_env(name: str, default: int, maximum: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -113,8 +113,8 @@ class Settings:
         return cls(
             database_url=os.environ.get("FLEET_DATABASE_URL") or DEFAULT_DATABASE_URL,
             redis_url=_redis_url_from_env(),
-            batch_size=_positive_int("FLEET_BATCH_SIZE", DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE),
-            job_timeout_seconds=_positive_int("FLEET_JOB_TIMEOUT_SECONDS", 600,
+            batch_size=positive_int_from_env("FLEET_BATCH_SIZE", DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE),
+            job_timeout_seconds=positive_int_from_env("FLEET_JOB_TIMEOUT_SECONDS", 600,
                                               MAX_JOB_TIMEOUT_SECONDS),
         )
 

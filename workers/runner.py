@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -29,7 +25,6 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.errors import OperationalError
 from controlplane.runtime import collect_garbage_less_often
-from controlplane.settings import Settings
 from workers.outage import LostQueueWatch, mark_queue
 from workers.queue import command_queue, disarm, job_problem
 
@@ -169,6 +164,20 @@ def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
     return bool(worker.work(burst=burst, max_jobs=max_jobs, logging_level="WARNING"))
 
 
+def drain(connection: Redis, queues: Sequence[str]) -> bool:
+    """Run a forking worker until the queues are empty: True; False when SIGTERM or SIGINT
+    stopped it first (RQ's warm shutdown: the job in hand was finished, the rest left queued)."""
+    worker = _worker(connection, queues, forking=True)
+    try:
+        worker.work(burst=True, logging_level="WARNING")
+    except StopRequested:  # a signal between RQ's loop and its teardown
+        return False
+    finally:  # RQ's handlers would raise StopRequested from wherever this process is next
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    return worker._shutdown_requested_date is None  # RQ's mark of a warm shutdown
+
+
 def _worker(connection: Redis, queues: Sequence[str], forking: bool,
             on_queue_lost: Callable[[], object] | None = None) -> Worker | SimpleWorker:
     collect_garbage_less_often()
@@ -267,21 +276,3 @@ class EmbeddedRedisServer:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def advertise(settings: Settings, url: str) -> Path | None:
-    """Write the up-file beside the database so `fleetctl submit` finds this server."""
-    path = settings.up_file
-    if path is not None:
-        path.write_text(json.dumps({"redis_url": url, "pid": os.getpid()}))
-    return path
-
-
-def spawn_worker_processes(count: int, redis_url: str, queues: Sequence[str]) \
-        -> list[subprocess.Popen[bytes]]:
-    """Start `count` `fleetctl worker` processes (forking RQ workers) against `redis_url`."""
-    env = {**os.environ, "FLEET_REDIS_URL": redis_url}
-    args = [sys.executable, "-m", "controlplane.cli.main", "worker"]
-    for name in queues:
-        args += ["--queues", name]
-    return [subprocess.Popen(args, env=env) for _ in range(count)]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +15,7 @@ from controlplane.commands import CommandBase
 from controlplane.errors import InputError, OperationalError
 from controlplane.files import read_at_most
 from controlplane.service import Outcome
-from controlplane.settings import MAX_WORKER_PROCESSES, Settings, redacted_url
+from controlplane.settings import MAX_WORKER_PROCESSES, Settings, checked_queue_name, redacted_url
 from controlplane.submission import MAX_SUBMISSION_BYTES, read_submission
 from events.database import migrate
 from events.store import EventStore
@@ -26,7 +24,8 @@ from workers.outage import mark_queue
 from workers.pipeline import EMBEDDED_HINT, wait_for_decisions
 from workers.pipeline import reconcile as reconcile_pending
 from workers.pipeline import submit as submit_commands
-from workers.runner import EmbeddedRedisServer, advertise, serve, spawn_worker_processes, work
+from workers.runner import EmbeddedRedisServer, drain, serve
+from workers.supervision import StopSignals, UpFile, WorkerProcesses, stop_grace_seconds
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
@@ -120,15 +119,41 @@ def _submit(commands: list[CommandBase], lines: list[int], settings: Settings,
          f"({r['already_accepted']} already accepted) in {r['jobs']} job(s)")
 
 
+def _queue_names(ctx: click.Context, param: click.Parameter,
+                 names: tuple[str, ...]) -> tuple[str, ...]:
+    """Each --queues name as FLEET_QUEUE's are checked: one RQ and our job ids can use."""
+    try:
+        return tuple(checked_queue_name(name, "--queues") for name in names)
+    except InputError as error:
+        raise click.BadParameter(str(error).removeprefix("--queues "), ctx, param) from None
+
+
 @click.command()
 @click.option("--burst", is_flag=True, help="Stop when the queues are empty.")
-@click.option("--queues", "queue_names", multiple=True,
+@click.option("--queues", "queue_names", multiple=True, callback=_queue_names,
               help="Queues to serve (repeatable; default FLEET_QUEUE, else fleet-commands).")
 @click.option("--processes", type=click.IntRange(min=1, max=MAX_WORKER_PROCESSES), default=1,
               show_default=True, help="Worker processes to run.")
 @json_option
-def worker(burst: bool, queue_names: tuple[str, ...], processes: int, as_json: bool) -> None:
-    """Run forking RQ workers on FLEET_REDIS_URL (embedded: drain in-process, then stop)."""
+@click.pass_context
+def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], processes: int,
+           as_json: bool) -> None:
+    """Run forking RQ workers on FLEET_REDIS_URL (embedded: drain in-process, then stop).
+
+    It reconciles first. With --processes 1 this process is the worker; with N > 1 it starts N
+    `fleetctl worker` processes and supervises them as `up` does (restarts, exit 3 when one keeps
+    dying, a bounded stop).
+
+    --burst holds for every process: each drains the queues and exits; this one exits when all
+    have, 0 if each did so, else 3 naming each one that failed.
+
+    SIGTERM or SIGINT: a burst run stops and exits 130, leaving the rest queued; a serving run
+    stops and exits 0. A lone worker may finish the job in hand (RQ's warm shutdown; a second
+    signal cuts it short); supervised ones get FLEET_STOP_GRACE_SECONDS (10 s), then they and
+    their work horses are killed, the commands of a job cut short staying in the inbox for
+    `fleetctl reconcile`. Never a traceback; no process left behind.
+    """
+    grace_seconds = stop_grace_seconds()
     settings, store = settings_and_store()
     queues = queue_names or settings.queues
     url = redis_url_in_use(settings)
@@ -146,18 +171,35 @@ def worker(burst: bool, queue_names: tuple[str, ...], processes: int, as_json: b
     if as_json:  # the start-up line: one JSON object, before the workers run
         announce({"queue": redacted_url(url), "queues": list(queues), "processes": processes,
                   "burst": burst, "re_enqueued": len(reconciled.accepted_ids)}, as_json=True)
-    children = spawn_worker_processes(processes - 1, url, queues) if processes > 1 else []
-    try:
+    if processes > 1:
+        _supervise_workers(ctx, processes, url, queues, burst, grace_seconds)
+    elif burst:
+        if not drain(connect(settings), queues):
+            _interrupted(ctx)
+    else:  # through a lost Redis: wait for it, reconcile (it may be back empty), go on
+        serve(lambda: connect(settings), queues, lambda: reconcile_pending(settings, store))
+
+
+def _supervise_workers(ctx: click.Context, count: int, url: str, queues: tuple[str, ...],
+                       burst: bool, grace_seconds: int) -> None:
+    stop = StopSignals()  # before the first child: a signal from now on stops them all
+    with WorkerProcesses(url, queues, burst, grace_seconds) as children:
+        children.start(count)
+        interrupted = children.supervise(stop)
+    if interrupted:
         if burst:
-            work(connect(settings), queues, burst=True, forking=True)
-        else:  # through a lost Redis: wait for it, reconcile (it may be back empty), go on
-            serve(lambda: connect(settings), queues, lambda: reconcile_pending(settings, store))
-    finally:
-        for child in children:
-            if burst:
-                child.wait()
-            else:
-                child.terminate()
+            _interrupted(ctx)
+        return
+    failures = children.failures()
+    if failures:
+        raise OperationalError(f"{len(failures)} of {count} worker processes failed: "
+                               f"{'; '.join(failures)}")
+
+
+def _interrupted(ctx: click.Context) -> None:
+    fail("interrupted before the queues were empty; what is left stays queued (and undecided "
+         "commands in the inbox for `fleetctl reconcile`)")
+    ctx.exit(130)
 
 
 @click.command()
@@ -168,38 +210,44 @@ def worker(burst: bool, queue_names: tuple[str, ...], processes: int, as_json: b
               help="Forking worker processes to run (0: serve the Redis only).")
 @json_option
 def up(port: int, worker_count: int, as_json: bool) -> None:
-    """Serve the embedded fake Redis on a loopback port plus workers, until interrupted."""
+    """Serve the embedded fake Redis on a loopback port plus workers, until SIGTERM or SIGINT.
+
+    One `up` per SQLite database: while its up-file (beside the database) names a live process,
+    another `up` exits 3 naming that pid and the file, before it serves anything; a file naming
+    a dead process is replaced. The file is written atomically and removed at exit only while
+    it still names this process.
+
+    A worker process that exits is restarted, logged as `worker_restarted` with its exit code,
+    0.5 s after it ended, twice as late each time it ends again within a minute of starting; the
+    third such exit in a row stops everything and `up` exits 3 naming the worker and its code.
+
+    SIGTERM, SIGINT or SIGHUP: the workers get a warm shutdown (the job in hand may finish) for
+    FLEET_STOP_GRACE_SECONDS (10 s), then they and their work horses are killed; the up-file is
+    removed and `up` exits 0. A job cut short leaves its commands in the inbox for `fleetctl
+    reconcile`. Never a traceback; no process left behind.
+    """
+    grace_seconds = stop_grace_seconds()
     settings, store = settings_and_store()
+    up_file = UpFile(settings.up_file)
+    up_file.refuse_if_held()  # again under its lock below, for an `up` starting at the same time
+    # Installed before anything is advertised: a SIGTERM that comes as soon as the announcement
+    # is read must still stop the workers and remove the up file, not kill this process.
+    stop = StopSignals()
     try:
         server = EmbeddedRedisServer(port)
     except OSError as error:
         raise OperationalError(f"cannot serve the embedded Redis on 127.0.0.1:{port}: "
                                f"{error.strerror or error}") from None
-    # Installed before anything is advertised: a SIGTERM that comes as soon as the announcement
-    # is read must still stop the workers and remove the up file, not kill this process.
-    stop = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    with server:
-        path = advertise(settings, server.url)
-        children: list[subprocess.Popen[bytes]] = []
-        try:
-            children = spawn_worker_processes(worker_count, server.url, settings.queues)
-            announce({"redis_url": server.url, "workers": worker_count,
-                      "up_file": None if path is None else str(path)}, as_json,
-                     lambda r: f"serving the embedded Redis at {r['redis_url']} with "
-                               f"{r['workers']} worker(s); `fleetctl submit` here reaches them "
-                               f"(or export FLEET_REDIS_URL={r['redis_url']})")
-            while not stop["now"] and all(child.poll() is None for child in children):
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            for child in children:
-                child.terminate()
-            for child in children:
-                child.wait(timeout=10)
-            if path is not None and path.exists():
-                path.unlink()
+    with server, up_file.advertised(server.url), \
+            WorkerProcesses(server.url, settings.queues, False, grace_seconds) as children:
+        children.start(worker_count)
+        path = up_file.path
+        announce({"redis_url": server.url, "workers": worker_count,
+                  "up_file": None if path is None else str(path)}, as_json,
+                 lambda r: f"serving the embedded Redis at {r['redis_url']} with "
+                           f"{r['workers']} worker(s); `fleetctl submit` here reaches them "
+                           f"(or export FLEET_REDIS_URL={r['redis_url']})")
+        children.supervise(stop)
 
 
 @click.command()

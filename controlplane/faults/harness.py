@@ -29,11 +29,11 @@ from sqlalchemy.engine import make_url
 
 from controlplane.commands import command_adapter
 from controlplane.decisions import ACCEPTED
-from controlplane.faults.processes import kill_process_tree
 from controlplane.runtime import open_store
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.tables import events_table
+from workers.processes import kill_process_tree
 from workers.queue import command_queue, enqueue_commands
 from workers.runner import free_loopback_port
 

@@ -12,12 +12,12 @@ import pytest
 from redis import Redis
 
 from controlplane.commands import command_adapter
-from controlplane.faults.processes import kill_process_tree
 from controlplane.replay import compare_with_live, verify_decisions
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
 from tests.factories import place_replica, register_model, register_node
+from workers.processes import kill_process_tree
 from workers.queue import enqueue_commands
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from controlplane.faults.processes import kill_process_tree
+from workers.processes import kill_process_tree
 
 # A "worker" that forks a "horse" which, as RQ's does, leaves for a process group of its own.
 WORKER = """

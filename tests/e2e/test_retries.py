@@ -19,12 +19,12 @@ from rq import Worker
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 
 from controlplane.commands import command_adapter
-from controlplane.faults.processes import descendants
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
 from tests.e2e.test_worker_killed import decision_counts, worker_process
 from tests.factories import assess_memory
+from workers.processes import descendants
 from workers.queue import command_queue, enqueue_commands
 
 pytestmark = pytest.mark.slow

@@ -14,11 +14,11 @@ from rq.registry import StartedJobRegistry
 
 from controlplane.commands import command_adapter
 from controlplane.decisions import ACCEPTED
-from controlplane.faults.processes import kill_process_tree
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
 from tests.factories import assess_memory
+from workers.processes import kill_process_tree
 from workers.queue import command_queue, enqueue_commands
 
 pytestmark = pytest.mark.slow

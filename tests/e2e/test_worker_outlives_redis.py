@@ -22,12 +22,12 @@ from rq import Worker
 
 from controlplane.commands import command_adapter
 from controlplane.faults.harness import RedisServer
-from controlplane.faults.processes import descendants
 from controlplane.runtime import open_store
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from tests.e2e.test_worker_killed import decision_counts
 from tests.factories import assess_memory
+from workers.processes import descendants
 from workers.queue import command_queue, enqueue_commands
 
 pytestmark = pytest.mark.slow

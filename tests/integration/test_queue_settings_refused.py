@@ -133,3 +133,13 @@ def test_an_unreachable_tls_redis_is_named_with_its_scheme(
     assert result.exit_code == 3
     assert result.stderr.startswith("error: Redis at rediss://127.0.0.1:1/3 is unreachable")
     assert "s3cret" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["bad name", "fleet.prod"])
+def test_a_worker_queue_option_rq_cannot_use_is_refused_naming_the_option(
+        name: str, commands: Path, tmp_path: Path) -> None:
+    # Before, `worker --burst --queues 'bad name'` exited 0 having served nothing.
+    result = run_cli("worker", "--burst", "--queues", "fleet-commands", "--queues", name)
+    assert result.exit_code == 2, result.stderr
+    assert "--queues" in result.stderr and repr(name) in result.stderr, result.stderr
+    assert not database_file(tmp_path).exists()

@@ -1,0 +1,218 @@
+"""`fleetctl up` as a supervisor, run for real: it restarts a worker that died, gives up (exit 3)
+on one that keeps dying, stops workers stuck in a job within a bounded time, and is the only
+`up` serving its database."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+from rq import Worker
+from rq.registry import StartedJobRegistry
+
+from controlplane.commands import command_adapter
+from controlplane.runtime import open_store
+from controlplane.service import accept, pending_command_ids
+from controlplane.settings import COMMAND_QUEUE, Settings
+from tests.cli_helpers import run_cli
+from tests.factories import assess_memory
+from tests.process_helpers import (
+    alive,
+    children,
+    fleetctl_environment,
+    log_events,
+    start_fleetctl,
+    tree,
+    wait_until,
+)
+from workers.processes import kill_process_tree
+from workers.queue import command_queue, enqueue_commands
+from workers.supervision import RESTART_LIMIT, STOP_GRACE_ENV, STOP_GRACE_SECONDS
+
+
+@pytest.fixture
+def up_processes() -> Iterator[list[subprocess.Popen[str]]]:
+    """The `up` processes a test starts; whatever is left of them is killed afterwards."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for process in started:
+        kill_process_tree(process.pid)
+        process.communicate()
+
+
+def start_up(sqlite_url: str, started: list[subprocess.Popen[str]], workers: int) \
+        -> tuple[subprocess.Popen[str], dict[str, object]]:
+    """`fleetctl up --workers N --json` and its announcement."""
+    process = start_fleetctl("up", "--workers", str(workers), "--json",
+                             env=fleetctl_environment(sqlite_url))
+    started.append(process)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line, f"up ended before announcing itself: {process.communicate()[1]}"
+    return process, json.loads(line)
+
+
+def up_file_of(sqlite_url: str) -> Path:
+    return Path(sqlite_url.removeprefix("sqlite:///") + ".up.json")
+
+
+def test_up_restarts_a_worker_that_died_and_logs_its_exit_code(
+        sqlite_url: str, up_processes: list[subprocess.Popen[str]]) -> None:
+    # `up` stopped serving (exit 0, silently) as soon as any worker process ended.
+    up, _ = start_up(sqlite_url, up_processes, workers=2)
+    wait_until(lambda: len(children(up.pid)) == 2, 60, "two worker processes")
+    first = children(up.pid)
+    victim = first[0]
+    os.kill(victim, signal.SIGKILL)
+
+    def replaced() -> bool:
+        now = set(children(up.pid))
+        return len(now) == 2 and victim not in now
+
+    wait_until(replaced, 60, "the dead worker's replacement")
+    assert up.poll() is None, "up stopped when one of its workers died"
+    up.send_signal(signal.SIGTERM)
+    _, stderr = up.communicate(timeout=60)
+    assert up.returncode == 0, stderr
+    restarts = log_events(stderr, "worker_restarted")
+    assert [(r["previous_pid"], r["exit_code"]) for r in restarts] == \
+        [(victim, -signal.SIGKILL)], stderr
+    assert not any(alive(pid) for pid in [*first, restarts[0]["pid"]])
+    assert not up_file_of(sqlite_url).exists()
+
+
+def test_up_exits_3_naming_a_worker_that_keeps_dying_and_stops_the_rest(
+        sqlite_url: str, up_processes: list[subprocess.Popen[str]]) -> None:
+    up, started = start_up(sqlite_url, up_processes, workers=2)
+    up_redis = Redis.from_url(str(started["redis_url"]))
+    wait_until(lambda: len(Worker.all(connection=up_redis)) == 2, 60, "two serving workers")
+    workers = children(up.pid)
+    # From now on a worker process cannot start: it fails opening the database (exit 3).
+    database = Path(sqlite_url.removeprefix("sqlite:///"))
+    for path in (database, Path(f"{database}-wal"), Path(f"{database}-shm")):
+        path.unlink(missing_ok=True)
+    database.write_bytes(b"not a database " * 100)
+    os.kill(workers[0], signal.SIGKILL)
+    _, stderr = up.communicate(timeout=120)
+    assert up.returncode == 3, stderr
+    last = stderr.splitlines()[-1]
+    assert last.startswith("error: worker ") and "exited with code 3" in last, last
+    assert f"{RESTART_LIMIT} times in a row" in last, last
+    restarts = log_events(stderr, "worker_restarted")
+    assert [r["exit_code"] for r in restarts] == [-signal.SIGKILL] + [3] * (RESTART_LIMIT - 2), stderr
+    assert not any(alive(pid) for pid in workers)  # the healthy one was stopped too
+    assert not up_file_of(sqlite_url).exists()
+
+
+def test_up_stopped_while_a_worker_is_stuck_in_a_job_kills_it_after_the_grace_period(
+        sqlite_url: str, up_processes: list[subprocess.Popen[str]]) -> None:
+    # `up` waited 10 s per worker, then died of TimeoutExpired: a traceback, its up-file and
+    # workers left behind.
+    up, started = start_up(sqlite_url, up_processes, workers=1)
+    up_redis = Redis.from_url(str(started["redis_url"]))
+    wait_until(lambda: len(Worker.all(connection=up_redis)) == 1, 60, "the worker to register")
+    store = open_store(sqlite_url)
+    ids = accept(store, [command_adapter.validate_python(assess_memory(f"stuck{i}"))
+                         for i in range(3)])
+    with store.transaction():  # the job cannot append: it waits for this lock (30 s)
+        enqueue_commands(up_redis, Settings(queues=(COMMAND_QUEUE,)), ids)
+        registry = StartedJobRegistry(queue=command_queue(up_redis, COMMAND_QUEUE))
+        wait_until(lambda: registry.count == 1 and len(tree(up.pid)) == 3, 60,
+                   "the job to start in a work horse")
+        processes = tree(up.pid)  # up, its worker and the worker's work horse
+        stopping = time.monotonic()
+        up.send_signal(signal.SIGTERM)
+        _, stderr = up.communicate(timeout=60)
+        stopped_in_seconds = time.monotonic() - stopping
+        assert not any(alive(pid) for pid in processes)
+    assert up.returncode == 0, stderr
+    assert "Traceback" not in stderr, stderr
+    assert stopped_in_seconds < STOP_GRACE_SECONDS, stopped_in_seconds
+    assert len(log_events(stderr, "worker_killed")) == 1
+    assert not up_file_of(sqlite_url).exists()
+    assert sorted(pending_command_ids(store)) == sorted(ids)  # left for `reconcile`
+    store.engine.dispose()
+
+
+def test_a_second_up_on_the_same_database_is_refused_naming_the_live_one(
+        sqlite_url: str, up_processes: list[subprocess.Popen[str]]) -> None:
+    # The second `up` overwrote the first one's up-file, and the first removed it on exit.
+    first, started = start_up(sqlite_url, up_processes, workers=0)
+    up_file = up_file_of(sqlite_url)
+    advertised = up_file.read_text()
+    second = start_fleetctl("up", "--workers", "0", "--json",
+                            env=fleetctl_environment(sqlite_url))
+    up_processes.append(second)
+    stdout, stderr = second.communicate(timeout=60)
+    assert second.returncode == 3, stderr
+    assert stdout == ""  # it announced nothing
+    assert len(stderr.splitlines()) == 1, stderr
+    assert f"pid {first.pid}" in stderr and str(up_file) in stderr, stderr
+    assert up_file.read_text() == advertised
+    assert json.loads(advertised) == {"redis_url": started["redis_url"], "pid": first.pid}
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=60)
+    assert first.returncode == 0
+    assert not up_file.exists()
+
+
+def test_up_replaces_an_up_file_left_by_a_process_that_is_gone(
+        sqlite_url: str, up_processes: list[subprocess.Popen[str]]) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    up_file = up_file_of(sqlite_url)
+    up_file.write_text(json.dumps({"redis_url": "redis://127.0.0.1:1/0", "pid": gone.pid}))
+    up, started = start_up(sqlite_url, up_processes, workers=0)
+    assert json.loads(up_file.read_text()) == {"redis_url": started["redis_url"], "pid": up.pid}
+    up.send_signal(signal.SIGTERM)
+    up.communicate(timeout=60)
+    assert up.returncode == 0
+    assert not up_file.exists()
+
+
+def test_up_leaves_an_up_file_that_names_another_process(
+        sqlite_url: str, up_processes: list[subprocess.Popen[str]]) -> None:
+    up, _ = start_up(sqlite_url, up_processes, workers=0)
+    up_file = up_file_of(sqlite_url)
+    taken_over = json.dumps({"redis_url": "redis://127.0.0.1:2/0", "pid": os.getpid()})
+    up_file.write_text(taken_over)  # as another `up` would, had it taken a stale file over
+    up.send_signal(signal.SIGTERM)
+    up.communicate(timeout=60)
+    assert up.returncode == 0
+    assert up_file.read_text() == taken_over
+
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGHUP], ids=["SIGINT", "SIGHUP"])
+def test_up_stopped_by_sigint_or_sighup_stops_its_worker_and_removes_its_up_file(
+        sqlite_url: str, up_processes: list[subprocess.Popen[str]], stop: signal.Signals) -> None:
+    # SIGHUP (a closed terminal) killed `up` outright; its workers, in process groups of their
+    # own, would have served on.
+    up, _ = start_up(sqlite_url, up_processes, workers=1)
+    wait_until(lambda: len(children(up.pid)) == 1, 60, "the worker process")
+    worker = children(up.pid)[0]
+    up.send_signal(stop)
+    _, stderr = up.communicate(timeout=60)
+    assert up.returncode == 0, stderr
+    assert "Traceback" not in stderr, stderr
+    assert not alive(worker)
+    assert not up_file_of(sqlite_url).exists()
+
+@pytest.mark.parametrize("command", ["up", "worker"])
+@pytest.mark.parametrize("grace", ["soon", "0", "604801"])
+def test_a_bad_stop_grace_is_refused_naming_the_variable_and_writes_nothing(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch, command: str, grace: str) -> None:
+    monkeypatch.setenv(STOP_GRACE_ENV, grace)
+    result = run_cli(command)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"error: {STOP_GRACE_ENV} must be"), result.stderr
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
+

@@ -1,0 +1,251 @@
+"""Supervising worker processes: the one `fleetctl up` per database (its up-file), the stop
+signals a supervisor turns into a clean stop, and `fleetctl worker` processes started, restarted
+and stopped within a bounded grace period."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from controlplane.errors import OperationalError
+from controlplane.settings import MAX_JOB_TIMEOUT_SECONDS, positive_int_from_env
+from workers.processes import kill_process_tree
+from workers.runner import RECONNECT_FIRST_SECONDS, STABLE_SECONDS
+
+log = structlog.get_logger(__name__)
+
+# A worker process `up` or `worker --processes N` stops may finish the job in hand (RQ's warm
+# shutdown) for this long; then it is killed with its work horse, and that job's commands stay
+# in the inbox for `reconcile`. The tests shorten it through STOP_GRACE_ENV.
+STOP_GRACE_SECONDS = 10
+STOP_GRACE_ENV = "FLEET_STOP_GRACE_SECONDS"
+# A supervised worker process that exits this many times in a row, each within STABLE_SECONDS
+# of its start, is not restarted again: it is failing, not unlucky (a serving worker already
+# rides out a Redis outage without exiting).
+RESTART_LIMIT = 3
+SUPERVISE_POLL_SECONDS = 0.1
+
+
+class UpFile:
+    """The up-file beside a SQLite database, where one live `fleetctl up` advertises its Redis.
+
+    While the file names a live process, `advertised` refuses (OperationalError naming the pid
+    and the file) and writes nothing; a file naming a dead process is replaced. The file is
+    written whole under a temporary name and renamed over, so a reader sees all of it or none;
+    an `up` removes it only while it still names that `up`. A flock on the directory makes each
+    check-and-write one step among `up`s. No path (not SQLite): nothing is advertised.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+
+    def refuse_if_held(self) -> None:
+        """OperationalError naming the pid and the file while another live process holds it."""
+        holder = self._pid()
+        if holder is not None and holder != os.getpid() and _alive(holder):
+            raise OperationalError(f"fleetctl up (pid {holder}) already serves this database: "
+                                   f"{self.path} names it; stop it, or use another database")
+
+    @contextlib.contextmanager
+    def advertised(self, url: str) -> Iterator[None]:
+        """`url` in the file while the block runs, unless another live `up` holds it."""
+        if self.path is None:
+            yield
+            return
+        with self._locked():
+            self.refuse_if_held()
+            self._write({"redis_url": url, "pid": os.getpid()})
+        try:
+            yield
+        finally:
+            with self._locked():
+                if self._pid() == os.getpid():
+                    self.path.unlink(missing_ok=True)
+
+    def _pid(self) -> int | None:
+        if self.path is None:
+            return None
+        try:
+            pid = json.loads(self.path.read_text())["pid"]
+        except (OSError, ValueError, KeyError, TypeError):  # absent, unreadable, not ours
+            return None
+        return pid if isinstance(pid, int) and pid > 0 else None
+
+    def _write(self, content: dict[str, Any]) -> None:
+        assert self.path is not None
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            temporary.write_text(json.dumps(content))
+            os.replace(temporary, self.path)
+        except OSError as error:
+            temporary.unlink(missing_ok=True)
+            raise OperationalError(f"cannot write the up-file {self.path}: "
+                                   f"{error.strerror or error}") from None
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        assert self.path is not None
+        try:
+            directory = os.open(self.path.parent, os.O_RDONLY)
+        except OSError as error:
+            raise OperationalError(f"cannot open the up-file's directory {self.path.parent}: "
+                                   f"{error.strerror or error}") from None
+        try:
+            fcntl.flock(directory, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(directory)  # releases the lock
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def stop_grace_seconds() -> int:
+    """How long stopped worker processes may take (`STOP_GRACE_ENV`, which the tests shorten, else
+    STOP_GRACE_SECONDS); InputError naming the variable when it is not a whole number of seconds
+    from 1 to MAX_JOB_TIMEOUT_SECONDS."""
+    return positive_int_from_env(STOP_GRACE_ENV, STOP_GRACE_SECONDS, MAX_JOB_TIMEOUT_SECONDS)
+
+
+class StopSignals:
+    """From construction on, SIGTERM, SIGINT and SIGHUP set `requested` instead of ending the
+    process: a supervisor reads it, stops its workers and exits through its clean-up."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+
+def _ended(code: int) -> str:
+    """How a process ended, for people: its exit code, or the signal that killed it."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"was killed by {signal.Signals(-code).name}"
+    except ValueError:  # a number no name is given to
+        return f"was killed by signal {-code}"
+
+
+class WorkerProcesses:
+    """`fleetctl worker` processes on one Redis, started, watched and stopped by this process.
+
+    Each runs in a process group of its own: only this supervisor signals it (a terminal's
+    Ctrl-C reaches it once, through `stop`). Used as a context manager, leaving the block stops
+    them all (`stop`), whatever ended it.
+    """
+
+    def __init__(self, redis_url: str, queues: Sequence[str], burst: bool,
+                 grace_seconds: float) -> None:
+        self._args = [sys.executable, "-m", "controlplane.cli.main", "worker",
+                      *(["--burst"] if burst else [])]
+        for name in queues:
+            self._args += ["--queues", name]
+        self._env = {**os.environ, "FLEET_REDIS_URL": redis_url}
+        self.burst, self.grace_seconds = burst, grace_seconds
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self._started: list[float] = []
+        self._quick_deaths: list[int] = []
+        self._restart_at: list[float | None] = []
+
+    def __enter__(self) -> WorkerProcesses:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self, count: int) -> None:
+        for _ in range(count):
+            self.processes.append(self._spawn())
+            self._started.append(time.monotonic())
+            self._quick_deaths.append(0)
+            self._restart_at.append(None)
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self._args, env=self._env, stdin=subprocess.DEVNULL,
+                                process_group=0)
+
+    def supervise(self, stop: StopSignals) -> bool:
+        """Run until `stop` is requested (True) or, in burst mode, every process has exited
+        (False). Serving, a process that exits is restarted (`keep_alive`)."""
+        while not stop.requested:
+            if self.burst and all(process.poll() is not None for process in self.processes):
+                return False
+            if not self.burst:
+                self.keep_alive()
+            time.sleep(SUPERVISE_POLL_SECONDS)
+        return True
+
+    def keep_alive(self) -> None:
+        """Restart each process that exited, logging `worker_restarted` with its exit code.
+
+        The first restart comes RECONNECT_FIRST_SECONDS after the exit, each further one twice
+        as late while the process keeps exiting within STABLE_SECONDS of its start; the
+        RESTART_LIMIT-th such exit in a row is not restarted: OperationalError naming the worker
+        and how it ended (the caller stops the others on the way out).
+        """
+        now = time.monotonic()
+        for index, process in enumerate(self.processes):
+            code = process.poll()
+            if code is None:
+                continue
+            restart_at = self._restart_at[index]
+            if restart_at is None:  # an exit not seen before
+                quick = now - self._started[index] < STABLE_SECONDS
+                deaths = self._quick_deaths[index] + 1 if quick else 1
+                self._quick_deaths[index] = deaths
+                if deaths >= RESTART_LIMIT:
+                    raise OperationalError(
+                        f"worker {index + 1} (pid {process.pid}) {_ended(code)}; it ended within "
+                        f"{STABLE_SECONDS:g} s of starting {deaths} times in a row, so every "
+                        f"worker was stopped")
+                self._restart_at[index] = now + RECONNECT_FIRST_SECONDS * 2 ** (deaths - 1)
+            elif now >= restart_at:
+                self.processes[index] = self._spawn()
+                self._started[index], self._restart_at[index] = now, None
+                log.warning("worker_restarted", worker=index + 1, pid=self.processes[index].pid,
+                            previous_pid=process.pid, exit_code=code,
+                            quick_exits_in_a_row=self._quick_deaths[index])
+
+    def failures(self) -> list[str]:
+        """Each process that exited other than with 0, for people."""
+        return [f"worker {index + 1} (pid {process.pid}) {_ended(process.returncode)}"
+                for index, process in enumerate(self.processes)
+                if process.returncode not in (None, 0)]
+
+    def stop(self) -> None:
+        """Ask every running process to stop (SIGTERM: RQ's warm shutdown, the job in hand may
+        finish), wait up to `grace_seconds` for all of them, then kill each one left with its
+        work horse (SIGKILL). Never raises; returns once every process has ended."""
+        running = [process for process in self.processes if process.poll() is None]
+        for process in running:
+            process.terminate()
+        deadline = time.monotonic() + self.grace_seconds
+        for process in running:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker_killed", pid=process.pid, grace_seconds=self.grace_seconds)
+                kill_process_tree(process.pid)  # RQ's horse has a process group of its own
+                process.wait()
