@@ -48,7 +48,9 @@ def _work_in_process(connection: Redis, queues: Sequence[str],
                      deadline: float | None = None) -> None:
     """Decide the queued jobs here; on SIGINT or SIGTERM, stop after the job in hand and raise
     KeyboardInterrupt (the undecided commands stay in the inbox). Past `deadline` it stops
-    after the job in hand too, and returns: the commands not decided stay in the inbox.
+    after the job in hand too, and returns: the commands not decided stay in the inbox. A job
+    that failed here (RQ keeps it for a retry) raises OperationalError naming the last failure
+    once the queue is worked: it is not a timeout, and `reconcile` would not report it.
 
     The stop signals are blocked while the worker runs and looked for between jobs: RQ's worker
     installs handlers that call Redis, and one that interrupts a call into the in-process fake
@@ -60,13 +62,15 @@ def _work_in_process(connection: Redis, queues: Sequence[str],
     ours = {signum for signum in STOP_SIGNALS
             if signum not in previous_mask and handlers[signum] is not signal.SIG_IGN}
     stopped = False
+    failures: list[str] = []
 
     def stop_when() -> bool:
         return bool(ours & signal.sigpending()) or (
             deadline is not None and time.monotonic() >= deadline)
 
     try:
-        work(connection, queues, burst=True, forking=False, stop_when=stop_when)
+        work(connection, queues, burst=True, forking=False, stop_when=stop_when,
+             failures=failures)
     finally:
         while ours and signal.sigtimedwait(ours, 0) is not None:
             stopped = True
@@ -75,6 +79,10 @@ def _work_in_process(connection: Redis, queues: Sequence[str],
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
     if stopped:
         raise KeyboardInterrupt
+    if failures:  # the work ran here: a job that failed is the caller's failure, not a timeout
+        raise OperationalError(
+            f"{len(failures)} decide job(s) failed here ({failures[-1]}); their commands stay "
+            "in the inbox: `fleetctl reconcile` tries them again")
 
 
 def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase],

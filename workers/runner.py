@@ -144,23 +144,34 @@ class FleetSimpleWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, SimpleWork
     each job; when it answers yes the worker stops before the next one."""
 
     stop_when: Callable[[], bool] | None = None
+    # Each job that failed here, as its exception's last line (None: not collected).
+    failures: list[str] | None = None
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         super().execute_job(job, queue)
         if self.stop_when is not None and self.stop_when():
             self._stop_requested = True  # what RQ's loop checks between jobs
 
+    def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
+                           exc_string: str = "", execution: Any = None) -> None:
+        if self.failures is not None:
+            lines = [line for line in exc_string.strip().splitlines() if line.strip()]
+            self.failures.append(lines[-1] if lines else "the job failed")
+        super().handle_job_failure(job, queue, started_job_registry, exc_string, execution)
+
 
 def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
-         max_jobs: int | None = None, stop_when: Callable[[], bool] | None = None) -> bool:
+         max_jobs: int | None = None, stop_when: Callable[[], bool] | None = None,
+         failures: list[str] | None = None) -> bool:
     """Run one worker until the queues are empty (burst) or forever; True if it did any job.
 
     Forking workers run each job in a child process, so a job killed mid-batch never takes the
-    worker with it; the in-process worker serves the embedded fake Redis, which is per process.
+    worker with it; the in-process worker serves the embedded fake Redis, which is per process,
+    and appends to `failures`, when given, the last line of each failed job's exception.
     """
     worker = _worker(connection, queues, forking)
     if isinstance(worker, FleetSimpleWorker):
-        worker.stop_when = stop_when
+        worker.stop_when, worker.failures = stop_when, failures
     return bool(worker.work(burst=burst, max_jobs=max_jobs, logging_level="WARNING"))
 
 

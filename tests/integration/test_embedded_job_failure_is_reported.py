@@ -1,0 +1,54 @@
+"""Where the decisions run in the calling process (the embedded default), a decide job that
+fails is that command's failure: exit 3 naming the error. Before, `submit --wait` blamed a
+timeout it never reached and `reconcile` exited 0 with the commands still undecided."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controlplane import service
+from controlplane.runtime import open_store
+from controlplane.service import pending_command_ids
+from tests.cli_helpers import run_cli
+from tests.factories import assess_memory
+
+
+@pytest.fixture(autouse=True)
+def embedded(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+    return sqlite_url
+
+
+def poison(*_: object, **__: object) -> None:
+    raise RuntimeError("poisoned batch")
+
+
+def pending(url: str) -> list[str]:
+    store = open_store(url)
+    try:
+        return pending_command_ids(store)
+    finally:
+        store.engine.dispose()
+
+
+@pytest.mark.parametrize("wait", [["--wait", "--timeout", "600"], []])
+def test_a_failed_decide_job_exits_3_naming_its_error_and_reconcile_says_so_too(
+        tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch, wait: list[str]) -> None:
+    source = tmp_path / "c.jsonl"
+    source.write_text(json.dumps(assess_memory("a")) + "\n", encoding="utf-8")
+    monkeypatch.setattr(service, "decide_batch", poison)
+    result = run_cli("submit", str(source), *wait)
+    assert result.exit_code == 3, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "error: 1 decide job(s) failed here (RuntimeError: poisoned batch); their commands "
+        "stay in the inbox: `fleetctl reconcile` tries them again")
+    assert pending(embedded) == ["a"]
+    assert run_cli("reconcile").exit_code == 3
+    monkeypatch.undo()
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+    monkeypatch.setenv("FLEET_DATABASE_URL", embedded)
+    assert run_cli("reconcile").exit_code == 0
+    assert pending(embedded) == []
