@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controlplane.commands import CommandBase
+from controlplane.policies.fleet_plan_stages import STAGES
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.policy_book import PolicyBook, PolicyInForce
 from events.canonical import Plain
@@ -19,9 +20,10 @@ REJECTED = "CommandRejected"
 INBOX_STREAM = "inbox"
 # The ids of commands decisions issue (`issue_command`): a scale-up's placements
 # `<id>:place:<n>` (handlers.autoscaling), a measurement's evaluation `<id>:evaluate`
-# (handlers.rollout). Reserved: a submitted command under one would make the issuing decision
-# collide with it, and the whole batch holding it could never commit.
-_ISSUED_ID = re.compile(r".*:(place:[0-9]+|evaluate)")
+# (handlers.rollout), a plan's stages `<id>:<stage>` (commands.plan.stage_command_id). Reserved:
+# a submitted command under one would make the issuing decision collide with it, and the whole
+# batch holding it could never commit.
+_ISSUED_ID = re.compile(rf".*:(place:[0-9]+|evaluate|{'|'.join(map(re.escape, STAGES))})")
 
 
 def is_issued_id(command_id: str) -> bool:

@@ -54,7 +54,7 @@ def accept(store: EventStore, commands: Sequence[CommandBase],
                                 if e in known])
         problems += [FieldProblem(line, "command_id", f"command id {c.command_id!r} has the form "
                                   "of a command the control plane issues (<id>:place:<n>, "
-                                  "<id>:evaluate); choose another")
+                                  "<id>:evaluate, <id>:<plan stage>); choose another")
                      for c, line in zip(fresh, fresh_lines, strict=True) if is_issued_id(c.command_id)]
         problems += precheck(tx, fresh, fresh_lines)
         if problems:
@@ -160,7 +160,9 @@ def _undecided_follow_ups(store: EventStore, outcomes: Sequence[Outcome]) -> lis
     placements): a delivery that died between its commit and enqueueing them left them only
     in the inbox. Found by causation, as `issue_command` records it."""
     causes = {e.event_id for o in outcomes for e in o.events}
-    pending = pending_command_ids(store)
+    # Issued commands carry the reserved id forms (`is_issued_id`): only those can be one, so a
+    # backlog of submitted commands costs a scan of ids, not a read of all their events.
+    pending = [c for c in pending_command_ids(store) if is_issued_id(c)]
     if not causes or not pending:
         return []
     recorded = store.events_for_commands(pending)

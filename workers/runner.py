@@ -40,6 +40,32 @@ RECONNECT_FIRST_SECONDS = 0.5
 RECONNECT_MAX_SECONDS = 30.0
 # A worker that served this long before quitting starts its next wait from the first delay.
 STABLE_SECONDS = 60.0
+# Set by a supervisor (`workers.supervision`) to its pid in the worker processes it starts: a
+# worker whose parent is no longer that process stops (`orphaned`).
+SUPERVISOR_ENV = "FLEET_SUPERVISOR_PID"
+
+
+def orphaned() -> bool:
+    """True in a supervised worker whose supervisor is gone (killed with SIGKILL, it could not
+    stop its workers): such a worker would serve on, unwatched, forever."""
+    supervisor = os.environ.get(SUPERVISOR_ENV)
+    return supervisor is not None and str(os.getppid()) != supervisor
+
+
+def watch_supervisor(poll_seconds: float = 1.0) -> None:
+    """In a supervised worker, send this process SIGTERM (RQ's warm shutdown: the job in hand
+    may finish) once its supervisor is gone. A thread, since the worker may be anywhere then:
+    in a job, or in RQ's own loop retrying a Redis that went with the supervisor."""
+    if os.environ.get(SUPERVISOR_ENV) is None:
+        return
+
+    def watch() -> None:
+        while not orphaned():
+            time.sleep(poll_seconds)
+        log.warning("supervisor_gone", parent_pid=os.getppid())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
 
 class _ToleratesEmbeddedRedis:
@@ -144,7 +170,7 @@ class FleetSimpleWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, SimpleWork
     each job; when it answers yes the worker stops before the next one."""
 
     stop_when: Callable[[], bool] | None = None
-    # Each job that failed here, as its exception's last line (None: not collected).
+    # Each job that failed here, as its exception's type and first line (None: not collected).
     failures: list[str] | None = None
 
     def execute_job(self, job: Job, queue: Queue) -> None:
@@ -152,12 +178,14 @@ class FleetSimpleWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, SimpleWork
         if self.stop_when is not None and self.stop_when():
             self._stop_requested = True  # what RQ's loop checks between jobs
 
-    def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
-                           exc_string: str = "", execution: Any = None) -> None:
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
         if self.failures is not None:
-            lines = [line for line in exc_string.strip().splitlines() if line.strip()]
-            self.failures.append(lines[-1] if lines else "the job failed")
-        super().handle_job_failure(job, queue, started_job_registry, exc_string, execution)
+            kind, error = exc_info[0], exc_info[1]
+            # The first line of the message: SQLAlchemy's carry the SQL and a link after it.
+            message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            self.failures.append(f"{getattr(kind, '__name__', 'error')}: {message}"
+                                 if message else getattr(kind, "__name__", "the job failed"))
+        super().handle_exception(job, *exc_info)
 
 
 def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
@@ -167,7 +195,7 @@ def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
 
     Forking workers run each job in a child process, so a job killed mid-batch never takes the
     worker with it; the in-process worker serves the embedded fake Redis, which is per process,
-    and appends to `failures`, when given, the last line of each failed job's exception.
+    and appends to `failures`, when given, each failed job's exception (type, first line).
     """
     worker = _worker(connection, queues, forking)
     if isinstance(worker, FleetSimpleWorker):
@@ -214,6 +242,7 @@ def serve(connect: Callable[[], Redis], queues: Sequence[str],
     RECONNECT_MAX_SECONDS, never a busy loop. While it waits no job is in hand: SIGTERM exits
     at once (through the caller's clean-up), SIGINT raises KeyboardInterrupt.
     """
+    watch_supervisor()
     connection = connect()
     mark_queue(connection, queues[0])
     delay = RECONNECT_FIRST_SECONDS

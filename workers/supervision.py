@@ -21,7 +21,7 @@ import structlog
 from controlplane.errors import OperationalError
 from controlplane.settings import MAX_JOB_TIMEOUT_SECONDS, positive_int_from_env
 from workers.processes import kill_process_tree
-from workers.runner import RECONNECT_FIRST_SECONDS, STABLE_SECONDS
+from workers.runner import RECONNECT_FIRST_SECONDS, STABLE_SECONDS, SUPERVISOR_ENV
 
 log = structlog.get_logger(__name__)
 
@@ -38,24 +38,27 @@ SUPERVISE_POLL_SECONDS = 0.1
 
 
 class UpFile:
-    """The up-file beside a SQLite database, where one live `fleetctl up` advertises its Redis.
+    """The up-file beside a SQLite database, where the one live `fleetctl up` of that database
+    advertises its Redis.
 
-    While the file names a live process, `advertised` refuses (OperationalError naming the pid
-    and the file) and writes nothing; a file naming a dead process is replaced. The file is
-    written whole under a temporary name and renamed over, so a reader sees all of it or none;
-    an `up` removes it only while it still names that `up`. A flock on the directory makes each
-    check-and-write one step among `up`s. No path (not SQLite): nothing is advertised.
+    Which `up` is live is decided by a lock, not by the pid in the file: an `up` holds an
+    exclusive flock on the database file for as long as it serves (the kernel drops it when the
+    process ends, however it ends; SQLite's own locks are of another kind and do not meet it).
+    While another process holds it, `advertised` refuses (OperationalError naming the pid the
+    file gives and the file) and writes nothing; a file left by an `up` that is gone is replaced,
+    whatever process its pid may name by now. The file is written whole under a temporary name
+    and renamed over, so a reader sees all of it or none; an `up` removes it only while it still
+    names that `up`. No path (not SQLite): nothing is advertised or locked.
     """
 
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
+    def __init__(self, path: Path | None, database: Path | None) -> None:
+        self.path, self.database = path, database
 
     def refuse_if_held(self) -> None:
-        """OperationalError naming the pid and the file while another live process holds it."""
-        holder = self._pid()
-        if holder is not None and holder != os.getpid() and _alive(holder):
-            raise OperationalError(f"fleetctl up (pid {holder}) already serves this database: "
-                                   f"{self.path} names it; stop it, or use another database")
+        """OperationalError naming the pid and the file while another live `up` holds it."""
+        lock = self._lock()
+        if lock is not None:
+            os.close(lock)
 
     @contextlib.contextmanager
     def advertised(self, url: str) -> Iterator[None]:
@@ -63,15 +66,35 @@ class UpFile:
         if self.path is None:
             yield
             return
-        with self._locked():
-            self.refuse_if_held()
-            self._write({"redis_url": url, "pid": os.getpid()})
+        lock = self._lock()
         try:
+            self._write({"redis_url": url, "pid": os.getpid()})
             yield
         finally:
-            with self._locked():
-                if self._pid() == os.getpid():
-                    self.path.unlink(missing_ok=True)
+            if self._pid() == os.getpid():
+                self.path.unlink(missing_ok=True)
+            if lock is not None:
+                os.close(lock)  # releases the flock
+
+    def _lock(self) -> int | None:
+        """A descriptor holding the database's flock; OperationalError when another holds it."""
+        if self.path is None or self.database is None:
+            return None
+        try:
+            lock = os.open(self.database, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as error:
+            raise OperationalError(f"cannot open the database {self.database} to serve it: "
+                                   f"{error.strerror or error}") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(lock)
+            holder = self._pid()
+            raise OperationalError(
+                f"fleetctl up (pid {holder if holder is not None else 'unknown'}) already "
+                f"serves this database: {self.path} names it; stop it, or use another "
+                "database") from None
+        return lock
 
     def _pid(self) -> int | None:
         if self.path is None:
@@ -92,30 +115,6 @@ class UpFile:
             temporary.unlink(missing_ok=True)
             raise OperationalError(f"cannot write the up-file {self.path}: "
                                    f"{error.strerror or error}") from None
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        assert self.path is not None
-        try:
-            directory = os.open(self.path.parent, os.O_RDONLY)
-        except OSError as error:
-            raise OperationalError(f"cannot open the up-file's directory {self.path.parent}: "
-                                   f"{error.strerror or error}") from None
-        try:
-            fcntl.flock(directory, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(directory)  # releases the lock
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def stop_grace_seconds() -> int:
@@ -162,7 +161,7 @@ class WorkerProcesses:
                       *(["--burst"] if burst else [])]
         for name in queues:
             self._args += ["--queues", name]
-        self._env = {**os.environ, "FLEET_REDIS_URL": redis_url}
+        self._env = {**os.environ, "FLEET_REDIS_URL": redis_url, SUPERVISOR_ENV: str(os.getpid())}
         self.burst, self.grace_seconds = burst, grace_seconds
         self.processes: list[subprocess.Popen[bytes]] = []
         self._started: list[float] = []

@@ -228,7 +228,7 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
     """
     grace_seconds = stop_grace_seconds()
     settings, store = settings_and_store()
-    up_file = UpFile(settings.up_file)
+    up_file = UpFile(settings.up_file, settings.sqlite_path)
     up_file.refuse_if_held()  # again under its lock below, for an `up` starting at the same time
     # Installed before anything is advertised: a SIGTERM that comes as soon as the announcement
     # is read must still stop the workers and remove the up file, not kill this process.

@@ -52,3 +52,20 @@ def test_a_failed_decide_job_exits_3_naming_its_error_and_reconcile_says_so_too(
     monkeypatch.setenv("FLEET_DATABASE_URL", embedded)
     assert run_cli("reconcile").exit_code == 0
     assert pending(embedded) == []
+
+
+def test_the_failure_is_named_by_its_type_and_first_line_not_a_footer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SQLAlchemy's messages end with the SQL and a link; the last line had been shown.
+    def integrity(*_: object, **__: object) -> None:
+        raise RuntimeError("UNIQUE constraint failed: events.event_id\n[SQL: INSERT INTO "
+                           "events ...]\n(Background on this error at: https://sqlalche.me)")
+
+    source = tmp_path / "c.jsonl"
+    source.write_text(json.dumps(assess_memory("a")) + "\n", encoding="utf-8")
+    monkeypatch.setattr(service, "decide_batch", integrity)
+    result = run_cli("submit", str(source), "--wait")
+    assert result.exit_code == 3
+    assert result.stderr.splitlines()[-1].startswith(
+        "error: 1 decide job(s) failed here (RuntimeError: UNIQUE constraint failed: "
+        "events.event_id); ")

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from controlplane.commands.plan import stage_command_ids
 from controlplane.decisions import is_issued_id
 from controlplane.runtime import open_store
 from tests.cli_helpers import run_cli
@@ -36,8 +37,15 @@ def log_size(url: str) -> int:
         store.engine.dispose()
 
 
+def test_every_id_a_plan_issues_has_the_reserved_form() -> None:
+    # Before, a RegisterNode under `p1:capacity` made PlanFleet `p1` collide at commit.
+    assert all(is_issued_id(command_id) for command_id in stage_command_ids("p1").values())
+    assert all(is_issued_id(c) for c in stage_command_ids("p" * 100).values())  # digest form
+
+
 @pytest.mark.parametrize("command_id", ["o1:place:1", "o1:place:12", "meas1:evaluate",
-                                        "0123456789abcdef01234567:place:3"])
+                                        "0123456789abcdef01234567:place:3", "p1:capacity",
+                                        "plan-0a1b:grade"])
 def test_an_id_of_the_form_decisions_issue_is_refused_at_submit_and_nothing_is_written(
         tmp_path: Path, embedded: str, command_id: str) -> None:
     node = {**register_node("n9"), "command_id": command_id}
@@ -48,7 +56,7 @@ def test_an_id_of_the_form_decisions_issue_is_refused_at_submit_and_nothing_is_w
 
 
 @pytest.mark.parametrize("command_id", ["o1:place", "o1:place:x", "evaluate", "m:evaluated",
-                                        "o1:placed:1"])
+                                        "o1:placed:1", "capacity", "p1:capacities"])
 def test_ids_merely_like_the_issued_forms_are_accepted(
         tmp_path: Path, command_id: str) -> None:
     assert not is_issued_id(command_id)

@@ -164,12 +164,16 @@ def test_a_second_up_on_the_same_database_is_refused_naming_the_live_one(
     assert not up_file.exists()
 
 
+@pytest.mark.parametrize("holder", ["gone", "reused"])
 def test_up_replaces_an_up_file_left_by_a_process_that_is_gone(
-        sqlite_url: str, up_processes: list[subprocess.Popen[str]]) -> None:
+        sqlite_url: str, up_processes: list[subprocess.Popen[str]], holder: str) -> None:
+    # "reused": the dead `up`'s pid now names a live process that serves nothing (pid reuse in
+    # a container); judged by the pid alone, every later `up` had been refused.
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
+    pid = gone.pid if holder == "gone" else os.getpid()
     up_file = up_file_of(sqlite_url)
-    up_file.write_text(json.dumps({"redis_url": "redis://127.0.0.1:1/0", "pid": gone.pid}))
+    up_file.write_text(json.dumps({"redis_url": "redis://127.0.0.1:1/0", "pid": pid}))
     up, started = start_up(sqlite_url, up_processes, workers=0)
     assert json.loads(up_file.read_text()) == {"redis_url": started["redis_url"], "pid": up.pid}
     up.send_signal(signal.SIGTERM)
@@ -216,3 +220,21 @@ def test_a_bad_stop_grace_is_refused_naming_the_variable_and_writes_nothing(
     assert result.stderr.startswith(f"error: {STOP_GRACE_ENV} must be"), result.stderr
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
 
+
+
+def test_workers_of_an_up_killed_with_sigkill_stop_by_themselves(
+        sqlite_url: str, up_processes: list[subprocess.Popen[str]]) -> None:
+    # Killed, `up` cannot stop its workers: each in a process group of its own, they served on,
+    # unsupervised, for good. A worker whose parent is no longer its supervisor now stops.
+    up, started = start_up(sqlite_url, up_processes, workers=1)
+    redis = Redis.from_url(str(started["redis_url"]))
+    wait_until(lambda: Worker.count(connection=redis) == 1, 60, "the worker serving")
+    redis.close()
+    workers = children(up.pid)
+    assert workers
+    os.kill(up.pid, signal.SIGKILL)
+    up.wait(timeout=10)
+    deadline = time.monotonic() + 60
+    while any(alive(pid) for pid in workers):
+        assert time.monotonic() < deadline, "a worker outlived its killed supervisor"
+        time.sleep(0.2)
