@@ -117,7 +117,7 @@ def replay(to_position: int | None, verify_: bool, policy_file: Path | None, reb
             report["requested_position"] = to_position
         with progress("replay: events folded", report["position"]) as report_progress:
             report["state"] = state_at(store, report["position"], report_progress).snapshot()
-    elif not (verify_ or policy_file):
+    elif not (verify_ or policy_file or rebuild):  # a rebuild compared before it rewrote
         with progress("replay: events folded", store.head()[0]) as report_progress:
             report["projection_differences"] = compare_with_live(store, report_progress)
         failed = failed or bool(report["projection_differences"])
