@@ -92,6 +92,11 @@ def _redis_url_from_env() -> str | None:
 
 
 DEFAULT_BATCH_SIZE = 1_000
+# A worker process `up` or `worker --processes N` stops may finish the job in hand (RQ's warm
+# shutdown) for this long; then it is killed with its work horse, and that job's commands stay
+# in the inbox for `reconcile` (`workers.supervision`). The tests shorten it.
+STOP_GRACE_SECONDS = 10
+STOP_GRACE_ENV = "FLEET_STOP_GRACE_SECONDS"
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class Settings:
     result_ttl_seconds: int = 3_600
     failure_ttl_seconds: int = 7 * 24 * 3_600
     queues: tuple[str, ...] = field(default_factory=lambda: (_queue_from_env(),))
+    stop_grace_seconds: int = STOP_GRACE_SECONDS
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -116,6 +122,8 @@ class Settings:
             batch_size=positive_int_from_env("FLEET_BATCH_SIZE", DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE),
             job_timeout_seconds=positive_int_from_env("FLEET_JOB_TIMEOUT_SECONDS", 600,
                                               MAX_JOB_TIMEOUT_SECONDS),
+            stop_grace_seconds=positive_int_from_env(STOP_GRACE_ENV, STOP_GRACE_SECONDS,
+                                                     MAX_JOB_TIMEOUT_SECONDS),
         )
 
     @property

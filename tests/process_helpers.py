@@ -14,7 +14,7 @@ from typing import Any
 from workers.processes import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
-# Worker processes get this long to stop before they are killed (supervision.STOP_GRACE_ENV): the
+# Worker processes get this long to stop before they are killed (settings.STOP_GRACE_ENV): the
 # tests' jobs are held far longer than that.
 TEST_GRACE_SECONDS = 2
 

@@ -19,17 +19,11 @@ from typing import Any
 import structlog
 
 from controlplane.errors import OperationalError
-from controlplane.settings import MAX_JOB_TIMEOUT_SECONDS, positive_int_from_env
 from workers.processes import kill_process_tree
 from workers.runner import RECONNECT_FIRST_SECONDS, STABLE_SECONDS, SUPERVISOR_ENV
 
 log = structlog.get_logger(__name__)
 
-# A worker process `up` or `worker --processes N` stops may finish the job in hand (RQ's warm
-# shutdown) for this long; then it is killed with its work horse, and that job's commands stay
-# in the inbox for `reconcile`. The tests shorten it through STOP_GRACE_ENV.
-STOP_GRACE_SECONDS = 10
-STOP_GRACE_ENV = "FLEET_STOP_GRACE_SECONDS"
 # A supervised worker process that exits this many times in a row, each within STABLE_SECONDS
 # of its start, is not restarted again: it is failing, not unlucky (a serving worker already
 # rides out a Redis outage without exiting).
@@ -115,13 +109,6 @@ class UpFile:
             temporary.unlink(missing_ok=True)
             raise OperationalError(f"cannot write the up-file {self.path}: "
                                    f"{error.strerror or error}") from None
-
-
-def stop_grace_seconds() -> int:
-    """How long stopped worker processes may take (`STOP_GRACE_ENV`, which the tests shorten, else
-    STOP_GRACE_SECONDS); InputError naming the variable when it is not a whole number of seconds
-    from 1 to MAX_JOB_TIMEOUT_SECONDS."""
-    return positive_int_from_env(STOP_GRACE_ENV, STOP_GRACE_SECONDS, MAX_JOB_TIMEOUT_SECONDS)
 
 
 class StopSignals:

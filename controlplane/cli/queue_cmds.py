@@ -25,7 +25,7 @@ from workers.pipeline import EMBEDDED_HINT, wait_for_decisions
 from workers.pipeline import reconcile as reconcile_pending
 from workers.pipeline import submit as submit_commands
 from workers.runner import EmbeddedRedisServer, drain, serve
-from workers.supervision import StopSignals, UpFile, WorkerProcesses, stop_grace_seconds
+from workers.supervision import StopSignals, UpFile, WorkerProcesses
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
@@ -153,7 +153,6 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
     their work horses are killed, the commands of a job cut short staying in the inbox for
     `fleetctl reconcile`. Never a traceback; no process left behind.
     """
-    grace_seconds = stop_grace_seconds()
     settings, store = settings_and_store()
     queues = queue_names or settings.queues
     url = redis_url_in_use(settings)
@@ -172,7 +171,7 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
         announce({"queue": redacted_url(url), "queues": list(queues), "processes": processes,
                   "burst": burst, "re_enqueued": len(reconciled.accepted_ids)}, as_json=True)
     if processes > 1:
-        _supervise_workers(ctx, processes, url, queues, burst, grace_seconds)
+        _supervise_workers(ctx, processes, url, queues, burst, settings.stop_grace_seconds)
     elif burst:
         if not drain(connect(settings), queues):
             _interrupted(ctx)
@@ -226,7 +225,6 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
     removed and `up` exits 0. A job cut short leaves its commands in the inbox for `fleetctl
     reconcile`. Never a traceback; no process left behind.
     """
-    grace_seconds = stop_grace_seconds()
     settings, store = settings_and_store()
     up_file = UpFile(settings.up_file, settings.sqlite_path)
     up_file.refuse_if_held()  # again under its lock below, for an `up` starting at the same time
@@ -239,7 +237,8 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
         raise OperationalError(f"cannot serve the embedded Redis on 127.0.0.1:{port}: "
                                f"{error.strerror or error}") from None
     with server, up_file.advertised(server.url), \
-            WorkerProcesses(server.url, settings.queues, False, grace_seconds) as children:
+            WorkerProcesses(server.url, settings.queues, False,
+                            settings.stop_grace_seconds) as children:
         children.start(worker_count)
         path = up_file.path
         announce({"redis_url": server.url, "workers": worker_count,

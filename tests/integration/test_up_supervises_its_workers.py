@@ -21,7 +21,7 @@ from rq.registry import StartedJobRegistry
 from controlplane.commands import command_adapter
 from controlplane.runtime import open_store
 from controlplane.service import accept, pending_command_ids
-from controlplane.settings import COMMAND_QUEUE, Settings
+from controlplane.settings import COMMAND_QUEUE, STOP_GRACE_ENV, STOP_GRACE_SECONDS, Settings
 from tests.cli_helpers import run_cli
 from tests.factories import assess_memory
 from tests.process_helpers import (
@@ -35,7 +35,7 @@ from tests.process_helpers import (
 )
 from workers.processes import kill_process_tree
 from workers.queue import command_queue, enqueue_commands
-from workers.supervision import RESTART_LIMIT, STOP_GRACE_ENV, STOP_GRACE_SECONDS
+from workers.supervision import RESTART_LIMIT
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from rq.registry import StartedJobRegistry
 from controlplane.commands import command_adapter
 from controlplane.runtime import open_store
 from controlplane.service import accept, pending_command_ids
-from controlplane.settings import Settings
+from controlplane.settings import STOP_GRACE_SECONDS, Settings
 from events.store import EventStore
 from tests.factories import assess_memory
 from tests.process_helpers import (
@@ -31,7 +31,6 @@ from tests.process_helpers import (
 )
 from workers.processes import kill_process_tree
 from workers.queue import command_queue, enqueue_commands
-from workers.supervision import STOP_GRACE_SECONDS
 
 
 @pytest.fixture
