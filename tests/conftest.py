@@ -87,6 +87,25 @@ def forget_queue(connection: Redis, queue_name: str) -> None:
         connection.delete(*keys)
 
 
+def forget_everything_of(connection: Redis, queue_name: str) -> None:
+    """`forget_queue`, and what RQ keeps of a queue outside its own keys: its entry in the set of
+    queues, the registrations of workers that served it (killed ones never deregister), and
+    jobs whose ids do not name it (a test's foreign jobs) with their results."""
+    forget_queue(connection, queue_name)
+    connection.srem("rq:queues", f"rq:queue:{queue_name}")
+    for key in connection.smembers("rq:workers"):
+        queues = connection.hget(key, "queues") or b""
+        if queue_name.encode() in queues.split(b","):
+            connection.delete(key)
+            connection.srem("rq:workers", key)
+    for key in connection.scan_iter(match="rq:job:*", count=1_000):
+        job_id = key.decode().removeprefix("rq:job:")
+        if ":" in job_id or connection.type(key) != b"hash":  # a job's dependents, not a job
+            continue
+        if connection.hget(key, "origin") == queue_name.encode():
+            connection.delete(key, f"rq:results:{job_id}")
+
+
 @pytest.fixture
 def real_redis(monkeypatch: pytest.MonkeyPatch) -> Iterator[Redis]:
     """The real test Redis with a queue of this test's own, removed after; exported for workers.
@@ -101,7 +120,7 @@ def real_redis(monkeypatch: pytest.MonkeyPatch) -> Iterator[Redis]:
     monkeypatch.setenv("FLEET_REDIS_URL", REDIS_URL)
     monkeypatch.setenv("FLEET_QUEUE", queue_name)
     yield connection
-    forget_queue(connection, queue_name)
+    forget_everything_of(connection, queue_name)
     connection.close()
 
 

@@ -81,6 +81,7 @@ def test_a_retry_entry_rq_cannot_read_back_never_stops_the_worker(
         # A job hash left with only a heartbeat (RQ's own code notes how that can happen),
         # due for retry now: RQ cannot restore it.
         real_redis.hset("rq:job:broken-job", "last_heartbeat", "2026-11-30T12:00:00.000000Z")
+        real_redis.hset("rq:job:broken-job", "origin", queue.name)  # removed with the queue
         registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
         real_redis.zadd(registry.key, {"broken-job": 1.0})
         time.sleep(3)  # several delivery attempts
