@@ -13,12 +13,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import structlog
 
 from controlplane.errors import OperationalError
+from controlplane.settings import Settings
 from workers.processes import kill_process_tree
 from workers.runner import RECONNECT_FIRST_SECONDS, STABLE_SECONDS, SUPERVISOR_ENV
 
@@ -45,8 +45,8 @@ class UpFile:
     names that `up`. No path (not SQLite): nothing is advertised or locked.
     """
 
-    def __init__(self, path: Path | None, database: Path | None) -> None:
-        self.path, self.database = path, database
+    def __init__(self, settings: Settings) -> None:
+        self.path, self.database = settings.up_file, settings.sqlite_path
 
     def refuse_if_held(self) -> None:
         """OperationalError naming the pid and the file while another live `up` holds it."""

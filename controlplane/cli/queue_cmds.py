@@ -211,10 +211,10 @@ def _interrupted(ctx: click.Context) -> None:
 def up(port: int, worker_count: int, as_json: bool) -> None:
     """Serve the embedded fake Redis on a loopback port plus workers, until SIGTERM or SIGINT.
 
-    One `up` per SQLite database: while its up-file (beside the database) names a live process,
-    another `up` exits 3 naming that pid and the file, before it serves anything; a file naming
-    a dead process is replaced. The file is written atomically and removed at exit only while
-    it still names this process.
+    One `up` per SQLite database: while one serves it (holding a lock on the database), another
+    `up` exits 3 naming the pid and the up-file (beside the database), before it serves
+    anything; a file left by an `up` that is gone is replaced. The file is written atomically
+    and removed at exit only while it still names this process.
 
     A worker process that exits is restarted, logged as `worker_restarted` with its exit code,
     0.5 s after it ended, twice as late each time it ends again within a minute of starting; the
@@ -226,7 +226,7 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
     reconcile`. Never a traceback; no process left behind.
     """
     settings, store = settings_and_store()
-    up_file = UpFile(settings.up_file, settings.sqlite_path)
+    up_file = UpFile(settings)
     up_file.refuse_if_held()  # again under its lock below, for an `up` starting at the same time
     # Installed before anything is advertised: a SIGTERM that comes as soon as the announcement
     # is read must still stop the workers and remove the up file, not kill this process.

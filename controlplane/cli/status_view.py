@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from controlplane.cli.output import table
 from controlplane.handlers.admission_pool import pool_capacity
 from controlplane.policy_book import PolicyBook
+from events.projections import MemoryProjections
 
 Rows = dict[str, dict[str, Any]]
 
@@ -30,24 +31,12 @@ def _replicas(rows: Rows) -> str:
          r["kv_capacity_tokens"]] for rid, r in rows.items()])
 
 
-class _Snapshot:
-    """Projections as plain data, read as the handlers read state."""
-
-    def __init__(self, projections: dict[str, Rows]) -> None:
-        self.projections = projections
-
-    def get(self, name: str, key: str) -> dict[str, Any] | None:
-        return self.projections.get(name, {}).get(key)
-
-    def items(self, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        yield from sorted(self.projections.get(name, {}).items())
-
-
 def pool_budgets(projections: dict[str, Rows]) -> dict[str, int]:
     """Each pool's live-token budget as admission computes it: its ready replicas' KV capacity
     (the `pool` projection's `live_token_budget`, a capacity despite its name) times the
     admission policy's `live_token_budget_fraction` in force."""
-    view = _Snapshot(projections)
+    view = MemoryProjections()
+    view.tables = projections  # read only, as the handlers read state
     policy = PolicyBook().in_force(view, "admission")
     return {pool_id: pool_capacity(view, pool_id, policy).budget_tokens
             for pool_id in projections.get("pool", {})}
