@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from controlplane.commands import command_adapter
 from controlplane.replay import compare_with_live, verify_decisions
+from controlplane.runtime import open_store
 from controlplane.settings import Settings
 from events.model import RecordedEvent
 from events.store import EventStore
@@ -27,3 +30,19 @@ def assert_replay_exact(store: EventStore) -> None:
     """Every decision re-derives identically and the rebuilt projections equal the live ones."""
     assert verify_decisions(store).drifts == []
     assert compare_with_live(store) == []
+
+
+@contextmanager
+def store_at(url: str) -> Iterator[EventStore]:
+    """A store on `url` for a look at what a CLI run left, its connections closed after."""
+    store = open_store(url)
+    try:
+        yield store
+    finally:
+        store.engine.dispose()
+
+
+def log_size(url: str) -> int:
+    """How many events the log at `url` holds."""
+    with store_at(url) as store:
+        return store.head()[0]

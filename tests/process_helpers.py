@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -58,6 +59,19 @@ def alive(pid: int) -> bool:
 def tree(pid: int) -> list[int]:
     """`pid` and every process descended from it."""
     return [pid, *descendants(pid)]
+
+
+def stop_and_wait(process: subprocess.Popen[str],
+                  signum: int = signal.SIGTERM) -> tuple[str, float]:
+    """Send `process` `signum` and wait for it: its stderr and the seconds it took to stop,
+    once every process of its tree (workers, their work horses) is gone too."""
+    processes = tree(process.pid)
+    stopping = time.monotonic()
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    stopped_in_seconds = time.monotonic() - stopping
+    assert not any(alive(pid) for pid in processes)
+    return stderr, stopped_in_seconds
 
 
 def wait_until(condition: Callable[[], bool], timeout_seconds: float, what: str) -> None:

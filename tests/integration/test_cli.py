@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from controlplane.cli import queue_cmds
-from controlplane.runtime import open_store
 from tests.cli_helpers import run_cli
 from tests.factories import assess_memory, register_model
+from tests.fleet_helpers import log_size
 
 
 @pytest.fixture(autouse=True)
@@ -30,8 +30,6 @@ def write_lines(path: Path, *payloads: object) -> Path:
     return path
 
 
-def log_size(url: str) -> int:
-    return open_store(url).head()[0]
 
 
 def test_submit_with_one_bad_line_exits_2_names_it_and_writes_nothing(

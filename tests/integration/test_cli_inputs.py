@@ -22,6 +22,7 @@ from controlplane.service import pending_command_ids
 from events.model import StreamAppend
 from tests.cli_helpers import run_cli
 from tests.factories import assess_memory, event
+from tests.fleet_helpers import log_size
 from workers.runner import EmbeddedRedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,12 +44,6 @@ def database_file(url: str) -> Path:
     return Path(url.removeprefix("sqlite:///"))
 
 
-def log_size(url: str) -> int:
-    store = open_store(url)
-    try:
-        return store.head()[0]
-    finally:
-        store.engine.dispose()
 
 
 def commands_file(tmp_path: Path, *command_ids: str) -> Path:

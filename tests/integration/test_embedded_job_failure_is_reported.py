@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from controlplane import service
-from controlplane.runtime import open_store
 from controlplane.service import pending_command_ids
 from tests.cli_helpers import run_cli
 from tests.factories import assess_memory
+from tests.fleet_helpers import store_at
 
 
 @pytest.fixture(autouse=True)
@@ -22,16 +22,15 @@ def embedded(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return sqlite_url
 
 
+def pending_at(url: str) -> list[str]:
+    with store_at(url) as store:
+        return pending_command_ids(store)
+
+
 def poison(*_: object, **__: object) -> None:
     raise RuntimeError("poisoned batch")
 
 
-def pending(url: str) -> list[str]:
-    store = open_store(url)
-    try:
-        return pending_command_ids(store)
-    finally:
-        store.engine.dispose()
 
 
 @pytest.mark.parametrize("wait", [["--wait", "--timeout", "600"], []])
@@ -45,13 +44,13 @@ def test_a_failed_decide_job_exits_3_naming_its_error_and_reconcile_says_so_too(
     assert result.stderr.splitlines()[-1] == (
         "error: 1 decide job(s) failed here (RuntimeError: poisoned batch); their commands "
         "stay in the inbox: `fleetctl reconcile` tries them again")
-    assert pending(embedded) == ["a"]
+    assert pending_at(embedded) == ["a"]
     assert run_cli("reconcile").exit_code == 3
     monkeypatch.undo()
     monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
     monkeypatch.setenv("FLEET_DATABASE_URL", embedded)
     assert run_cli("reconcile").exit_code == 0
-    assert pending(embedded) == []
+    assert pending_at(embedded) == []
 
 
 def test_the_failure_is_named_by_its_type_and_first_line_not_a_footer(

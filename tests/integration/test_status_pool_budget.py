@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.runtime import open_store
 from tests.cli_helpers import run_cli
-from tests.fleet_helpers import decision
+from tests.fleet_helpers import decision, store_at
 
 REPRO = [
     {"type": "RegisterNode", "command_id": "n1", "node_id": "n1", "rack": "r1",
@@ -41,9 +40,8 @@ def test_status_shows_the_budget_admission_decided_against(tmp_path: Path, embed
     source = tmp_path / "c.jsonl"
     source.write_text("\n".join(json.dumps(c) for c in REPRO), encoding="utf-8")
     assert run_cli("submit", str(source), "--wait").exit_code == 0
-    store = open_store(embedded)
-    queued = decision(store, "a2").data
-    store.engine.dispose()
+    with store_at(embedded) as store:
+        queued = decision(store, "a2").data
     assert queued["outcome"] == "queue"
     budget = queued["inputs"]["pool"]["live_token_budget"]
     report = json.loads(run_cli("status", "--json").output)

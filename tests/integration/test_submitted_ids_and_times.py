@@ -12,9 +12,9 @@ import pytest
 
 from controlplane.commands.plan import stage_command_ids
 from controlplane.decisions import is_issued_id
-from controlplane.runtime import open_store
 from tests.cli_helpers import run_cli
 from tests.factories import assess_memory, register_node
+from tests.fleet_helpers import log_size
 
 
 @pytest.fixture(autouse=True)
@@ -29,12 +29,6 @@ def submit(tmp_path: Path, *payloads: dict[str, Any]) -> Any:
     return run_cli("submit", str(source), "--wait", "--timeout", "30")
 
 
-def log_size(url: str) -> int:
-    store = open_store(url)
-    try:
-        return store.head()[0]
-    finally:
-        store.engine.dispose()
 
 
 def test_every_id_a_plan_issues_has_the_reserved_form() -> None:

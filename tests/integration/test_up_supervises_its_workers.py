@@ -30,6 +30,7 @@ from tests.process_helpers import (
     fleetctl_environment,
     log_events,
     start_fleetctl,
+    stop_and_wait,
     tree,
     wait_until,
 )
@@ -58,6 +59,14 @@ def start_up(sqlite_url: str, started: list[subprocess.Popen[str]], workers: int
     line = process.stdout.readline()
     assert line, f"up ended before announcing itself: {process.communicate()[1]}"
     return process, json.loads(line)
+
+
+def serving(started: dict[str, object], workers: int) -> Redis:
+    """The Redis `up` announced, once `workers` workers serve on it."""
+    redis = Redis.from_url(str(started["redis_url"]))
+    wait_until(lambda: len(Worker.all(connection=redis)) == workers, 60,
+               f"{workers} serving worker(s)")
+    return redis
 
 
 def up_file_of(sqlite_url: str) -> Path:
@@ -92,8 +101,7 @@ def test_up_restarts_a_worker_that_died_and_logs_its_exit_code(
 def test_up_exits_3_naming_a_worker_that_keeps_dying_and_stops_the_rest(
         sqlite_url: str, up_processes: list[subprocess.Popen[str]]) -> None:
     up, started = start_up(sqlite_url, up_processes, workers=2)
-    up_redis = Redis.from_url(str(started["redis_url"]))
-    wait_until(lambda: len(Worker.all(connection=up_redis)) == 2, 60, "two serving workers")
+    serving(started, workers=2)
     workers = children(up.pid)
     # From now on a worker process cannot start: it fails opening the database (exit 3).
     database = Path(sqlite_url.removeprefix("sqlite:///"))
@@ -117,8 +125,7 @@ def test_up_stopped_while_a_worker_is_stuck_in_a_job_kills_it_after_the_grace_pe
     # `up` waited 10 s per worker, then died of TimeoutExpired: a traceback, its up-file and
     # workers left behind.
     up, started = start_up(sqlite_url, up_processes, workers=1)
-    up_redis = Redis.from_url(str(started["redis_url"]))
-    wait_until(lambda: len(Worker.all(connection=up_redis)) == 1, 60, "the worker to register")
+    up_redis = serving(started, workers=1)
     store = open_store(sqlite_url)
     ids = accept(store, [command_adapter.validate_python(assess_memory(f"stuck{i}"))
                          for i in range(3)])
@@ -127,12 +134,7 @@ def test_up_stopped_while_a_worker_is_stuck_in_a_job_kills_it_after_the_grace_pe
         registry = StartedJobRegistry(queue=command_queue(up_redis, COMMAND_QUEUE))
         wait_until(lambda: registry.count == 1 and len(tree(up.pid)) == 3, 60,
                    "the job to start in a work horse")
-        processes = tree(up.pid)  # up, its worker and the worker's work horse
-        stopping = time.monotonic()
-        up.send_signal(signal.SIGTERM)
-        _, stderr = up.communicate(timeout=60)
-        stopped_in_seconds = time.monotonic() - stopping
-        assert not any(alive(pid) for pid in processes)
+        stderr, stopped_in_seconds = stop_and_wait(up)
     assert up.returncode == 0, stderr
     assert "Traceback" not in stderr, stderr
     assert stopped_in_seconds < STOP_GRACE_SECONDS, stopped_in_seconds
@@ -227,9 +229,7 @@ def test_workers_of_an_up_killed_with_sigkill_stop_by_themselves(
     # Killed, `up` cannot stop its workers: each in a process group of its own, they served on,
     # unsupervised, for good. A worker whose parent is no longer its supervisor now stops.
     up, started = start_up(sqlite_url, up_processes, workers=1)
-    redis = Redis.from_url(str(started["redis_url"]))
-    wait_until(lambda: Worker.count(connection=redis) == 1, 60, "the worker serving")
-    redis.close()
+    serving(started, workers=1).close()
     workers = children(up.pid)
     assert workers
     os.kill(up.pid, signal.SIGKILL)

@@ -22,10 +22,10 @@ from controlplane.settings import STOP_GRACE_SECONDS, Settings
 from events.store import EventStore
 from tests.factories import assess_memory
 from tests.process_helpers import (
-    alive,
     children,
     fleetctl_environment,
     start_fleetctl,
+    stop_and_wait,
     tree,
     wait_until,
 )
@@ -115,12 +115,7 @@ def test_a_signal_stops_a_burst_of_several_processes_within_the_grace_period(
         run = start_workers(sqlite_url, workers_run, "--burst", "--processes", "2")
         wait_until(lambda: started_jobs(real_redis) == 2 and len(tree(run.pid)) == 5, 60,
                    "both processes to run a job in a work horse")
-        processes = tree(run.pid)  # the run, its two workers and their work horses
-        stopping = time.monotonic()
-        run.send_signal(stop)
-        _, stderr = run.communicate(timeout=60)
-        stopped_in_seconds = time.monotonic() - stopping
-        assert not any(alive(pid) for pid in processes)
+        stderr, stopped_in_seconds = stop_and_wait(run, stop)
     assert run.returncode == 130, stderr
     assert "Traceback" not in stderr, stderr
     assert stderr.splitlines()[-1].startswith("error: interrupted"), stderr
@@ -143,12 +138,7 @@ def test_serving_processes_stuck_in_jobs_are_killed_after_the_grace_period_on_si
                          ids)
         wait_until(lambda: started_jobs(real_redis) == 2 and len(tree(run.pid)) == 5, 60,
                    "both processes to run a job in a work horse")
-        processes = tree(run.pid)
-        stopping = time.monotonic()
-        run.send_signal(signal.SIGTERM)
-        _, stderr = run.communicate(timeout=60)
-        stopped_in_seconds = time.monotonic() - stopping
-        assert not any(alive(pid) for pid in processes)
+        stderr, stopped_in_seconds = stop_and_wait(run)
     assert run.returncode == 0, stderr
     assert "Traceback" not in stderr, stderr
     assert stopped_in_seconds < STOP_GRACE_SECONDS, stopped_in_seconds
