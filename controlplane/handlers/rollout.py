@@ -211,12 +211,12 @@ def handle_evaluate_canary(command: CommandBase, ctx: DecisionContext) -> list[S
     if measurement["used_by_event_id"] is not None:
         return _refuse(command, ctx, "evidence_already_used", "measurement_id",
                        "this measurement already moved the rollout", command.rollout_id)
-    # Each canary rung is cleared by evidence measured on it: two measurements taken at 1% had
-    # widened the canary to 10% and then promoted it, nothing ever measured at 10%; evidence
-    # recorded in shadow could clear the first rung. (Before the canary, the evidence's mode
-    # is what counts; a measurement recorded before its rung was recorded with it is not
-    # checked.)
-    if measurement.get("stage") is not None and rollout["stage"] == RolloutStage.CANARY.value \
+    # Each rung past warmup is cleared by evidence measured on it: two measurements taken at
+    # 1% had widened the canary to 10% and then promoted it, nothing ever measured at 10%;
+    # evidence recorded in shadow could clear the first rung, and evidence recorded in warmup,
+    # before any shadow traffic, the shadow stage. (In warmup, only the evidence's warm flag
+    # counts; a measurement recorded before its rung was recorded with it is not checked.)
+    if measurement.get("stage") is not None and rollout["stage"] != RolloutStage.WARMUP.value \
             and _rung_of(measurement) != _rung_of(rollout):
         return _refuse(command, ctx, "evidence_from_another_step", "measurement_id",
                        f"this measurement was taken at {_rung(*_rung_of(measurement))}; the rollout is "
@@ -274,7 +274,9 @@ RULES_VERSIONS: dict[str, int] = {
     #    (`policies.gates`; 0.90 - 0.87 had exceeded a 0.03 allowance).
     # 4: a finished rollout's evaluation is refused (`rollout_finished`; it appended a hold
     #    each time).
-    "EvaluateCanary": 4,
+    # 5: the shadow stage is cleared only by evidence measured in it: a shadow measurement
+    #    recorded in warmup (with zero traffic) had cleared it (`evidence_from_another_step`).
+    "EvaluateCanary": 5,
     # 2: the quantization gate as EvaluateCanary's version 3.
     "RecordCanaryMeasurement": 2,
 }

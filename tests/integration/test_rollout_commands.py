@@ -60,6 +60,14 @@ def rollout(store: EventStore, rollout_id: str = "ro1") -> dict[str, Any]:
     return row
 
 
+def to_canary(store: EventStore) -> None:
+    """Start ro1 and walk it to the first canary rung: warm evidence ends warmup, shadow
+    evidence measured in shadow clears the shadow stage."""
+    run(store, *start(), measure("m1", "shadow"))
+    run(store, measure("m2", "shadow"))
+    assert (rollout(store)["stage"], rollout(store)["candidate_traffic_percent"]) == ("canary", 1.0)
+
+
 
 
 
@@ -91,7 +99,7 @@ def test_a_canary_passing_every_gate_climbs_one_rung_per_measurement_and_promote
 
 def test_one_tail_latency_regression_rolls_back_removes_traffic_and_names_the_gate(
         store: EventStore) -> None:
-    run(store, *start(), measure("m1", "shadow"), measure("m2", "shadow"))
+    to_canary(store)
     run(store, measure("m3", "canary", p95_tpot_seconds=0.2))
     rolled_back = evaluation(store, "m3")
     assert rolled_back.event_type == "RolloutRolledBack"
@@ -117,7 +125,7 @@ def test_a_finished_rollout_refuses_evaluation_and_explain_still_names_its_rollb
         store: EventStore) -> None:
     # Before, each evaluation of a finished rollout appended a `RolloutHeld` (rollout_finished),
     # and `explain ro1` answered with that hold instead of the rollback.
-    run(store, *start(), measure("m1", "shadow"), measure("m2", "shadow"))
+    to_canary(store)
     run(store, measure("bad", "canary", p95_tpot_seconds=0.2), measure("good", "canary"))
     assert evaluation(store, "bad").event_type == "RolloutRolledBack"
     late = evaluation(store, "good")
@@ -134,7 +142,7 @@ def test_a_what_if_of_the_rollout_policy_changes_the_verdicts_of_rollouts_that_c
         store: EventStore, tmp_path: Path) -> None:
     # Evaluations read the requirements their rollout copied from the policy at its start: a
     # what-if of the policy had changed only the starts, never a verdict.
-    run(store, *start(), measure("m1", "shadow"), measure("m2", "shadow"))
+    to_canary(store)
     run(store, measure("m3", "canary", p95_tpot_seconds=0.2))
     assert evaluation(store, "m3").event_type == "RolloutRolledBack"
     policy_file = tmp_path / "policy.json"
@@ -173,7 +181,8 @@ def test_required_quantization_evidence_is_judged_by_its_gate_and_a_failure_roll
                   "min_relative_throughput": 1.0}
     requirements = {"required_gates": ["quantization"], "canary_traffic_percents": [5.0]}
     run(store, *start(requirements=requirements, quantization_requirements=thresholds),
-        measure("m1", "shadow"), measure("m2", "shadow"))
+        measure("m1", "shadow"))
+    run(store, measure("m2", "shadow"))
     assert evaluation(store, "m2").data["reasons"][0]["code"] == "required_gate_evidence_missing"
     assert rollout(store)["requirements_version"] == "declared"
     unsupported = {**measure("m3", "shadow"),
@@ -195,8 +204,8 @@ def test_a_passing_quantization_gate_lets_the_shadow_advance(store: EventStore) 
                   "max_weight_memory_gib": 8.0, "max_p95_ttft_seconds": 1.0,
                   "min_relative_throughput": 1.0}
     run(store, *start(requirements={"required_gates": ["quantization"]},
-                      quantization_requirements=thresholds), measure("m1", "shadow"),
-        {**measure("m2", "shadow"), "quantization": {"baseline": FP16, "candidate": QUANTIZED}})
+                      quantization_requirements=thresholds), measure("m1", "shadow"))
+    run(store, {**measure("m2", "shadow"), "quantization": {"baseline": FP16, "candidate": QUANTIZED}})
     advanced = evaluation(store, "m2")
     assert (advanced.event_type, advanced.data["result"]["to_stage"]) == ("RolloutAdvanced", "canary")
     assert rollout(store)["gates"]["quantization"]["passed"] is True
@@ -206,8 +215,7 @@ def test_a_passing_quantization_gate_lets_the_shadow_advance(store: EventStore) 
 def test_each_rung_is_cleared_only_by_evidence_measured_on_it(store: EventStore) -> None:
     """Two measurements taken at 1% (one submission, both recorded before either is judged):
     the first widens the canary to 10%; the second, measured at 1%, may not promote it."""
-    run(store, *start(), measure("m1", "shadow"), measure("m2", "shadow"))
-    assert (rollout(store)["stage"], rollout(store)["candidate_traffic_percent"]) == ("canary", 1.0)
+    to_canary(store)
     run(store, measure("at-1", "canary"), measure("also-at-1", "canary"))
     assert evaluation(store, "at-1").data["result"]["candidate_traffic_percent"] == 10.0
     refused = evaluation(store, "also-at-1")
@@ -218,6 +226,23 @@ def test_each_rung_is_cleared_only_by_evidence_measured_on_it(store: EventStore)
     assert (rollout(store)["stage"], rollout(store)["candidate_traffic_percent"]) == ("canary", 10.0)
     run(store, measure("at-10", "canary"))
     assert evaluation(store, "at-10").event_type == "RolloutPromoted"
+    assert_replay_exact(store)
+
+
+def test_shadow_evidence_recorded_in_warmup_cannot_clear_the_shadow_stage(
+        store: EventStore) -> None:
+    """Two shadow measurements recorded while the rollout warms up (one submission): the first
+    ends warmup; the second, taken before any shadow traffic, may not clear the shadow stage
+    (it had, putting user traffic on a candidate never measured in shadow)."""
+    run(store, *start(), measure("m1", "shadow"), measure("m2", "shadow"))
+    assert evaluation(store, "m1").data["result"]["to_stage"] == "shadow"
+    refused = evaluation(store, "m2")
+    assert (refused.data["outcome"], refused.data["reasons"][0]["code"]) == (
+        "rejected", "evidence_from_another_step")
+    assert "stage warmup" in refused.data["reasons"][0]["message"]
+    assert (rollout(store)["stage"], rollout(store)["candidate_traffic_percent"]) == ("shadow", 0.0)
+    run(store, measure("m3", "shadow"))
+    assert evaluation(store, "m3").data["result"]["to_stage"] == "canary"
     assert_replay_exact(store)
 
 
