@@ -199,6 +199,13 @@ def precheck_register_node(command: CommandBase, state: StateView) -> list[tuple
     return []
 
 
+def precheck_register_model(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
+    assert isinstance(command, RegisterModel)
+    if state.get(MODEL, command.model_id) is not None:
+        return [("model_id", f"model {command.model_id!r} is already registered")]
+    return []
+
+
 HANDLERS: dict[str, Handler] = {
     "RegisterNode": handle_register_node,
     "CordonNode": handle_cordon_node,
@@ -226,4 +233,5 @@ RULES_VERSIONS: dict[str, int] = {
 PRECHECKS: dict[str, Precheck] = {
     "SetPolicy": precheck_set_policy,
     "RegisterNode": precheck_register_node,
+    "RegisterModel": precheck_register_model,
 }

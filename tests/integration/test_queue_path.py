@@ -16,7 +16,8 @@ from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
 from tests.conftest import forget_queue
-from tests.factories import assess_memory
+from tests.factories import assess_memory, place_replica, register_model, register_node
+from tests.fleet_helpers import run
 from workers.queue import command_queue, enqueue_commands
 from workers.runner import work
 
@@ -90,6 +91,31 @@ def test_a_used_command_id_for_a_different_command_is_refused_and_nothing_is_wri
         accept(store, commands(1, "fresh") + [command_adapter.validate_python(
             assess_memory("fresh00000", layers=7))])
     assert [(p.field, p.line) for p in within.value.problems] == [("command_id", 2)]
+    assert store.head() == head
+
+
+START_ROLLOUT = {"type": "StartRollout", "command_id": "start-ro1", "rollout_id": "ro1",
+                 "pool_id": "chat", "baseline_revision": "stable",
+                 "candidate_revision": "candidate"}
+
+
+@pytest.mark.parametrize(("again", "field"), [
+    (register_node("n1"), "node_id"),
+    (register_model(), "model_id"),
+    (place_replica("r1"), "replica_id"),
+    (START_ROLLOUT, "rollout_id"),
+], ids=["node", "model", "replica", "rollout"])
+def test_a_second_command_creating_what_the_fleet_has_is_refused_at_submit_for_every_kind(
+        store: EventStore, again: dict, field: str) -> None:
+    """A node, model, replica or rollout id the fleet has, under a new command id: refused at
+    submit naming the field, nothing written (a duplicate node and rollout were refused, a
+    duplicate model and replica accepted and recorded as rejections)."""
+    run(store, register_node("n1"), register_model(), place_replica("r1"), START_ROLLOUT)
+    head = store.head()
+    with pytest.raises(SubmissionRejected) as refused:
+        accept(store, [command_adapter.validate_python({**again, "command_id": "again"})])
+    assert [(p.field, p.line) for p in refused.value.problems] == [(field, 1)]
+    assert "already" in refused.value.problems[0].message
     assert store.head() == head
 
 
