@@ -179,6 +179,10 @@ class LogTransaction:
         `check_existing=False`; `UNIQUE(event_id)` still refuses a duplicate at commit.
         Every row appended (a checkpoint too) carries `recorded_at`: the time `clock` gave the
         caller, or the clock's now when not given.
+
+        Returns exactly the caller's events, in order, whether new or re-appended: a checkpoint
+        the append adds is written (and in `appended`) but not returned, so one event appended
+        is one event back wherever the log's position falls.
         """
         if check_existing:
             existing = self._existing(appends)
@@ -206,17 +210,18 @@ class LogTransaction:
             versions[batch.stream_id] = version
         if not rows:
             return []
-        if self.checkpoint_every:
-            checkpoint = self._checkpoint_row(rows, recorded_at, versions)
-            if checkpoint is not None:
-                rows.append(checkpoint[0])
-                decoded.append(checkpoint[1])
-                position, prev_hash = checkpoint[0]["position"], checkpoint[0]["hash"]
+        recorded = [with_data(row, data) for row, data in zip(rows, decoded, strict=True)]
+        checkpoint = self._checkpoint_row(rows, recorded_at, versions) \
+            if self.checkpoint_every else None
         self.versions.update(versions)
         self._buffer.extend(rows)
-        self.head_position, self.head_hash = position, prev_hash
-        recorded = [with_data(row, data) for row, data in zip(rows, decoded, strict=True)]
         self.appended.extend(recorded)
+        if checkpoint is not None:
+            row, data = checkpoint
+            self._buffer.append(row)
+            self.appended.append(with_data(row, data))
+            position, prev_hash = row["position"], row["hash"]
+        self.head_position, self.head_hash = position, prev_hash
         return recorded
 
     def _checkpoint_row(self, rows: list[dict[str, Any]], recorded_at: str,

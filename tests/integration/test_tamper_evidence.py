@@ -120,6 +120,24 @@ def test_checkpoints_carry_the_log_size_and_a_merkle_root_that_verify_checks(
     assert len(checkpoints) == 3 and report(small).ok  # at positions 5, 10 and 14
 
 
+def test_an_append_returns_exactly_its_own_events_when_it_crosses_a_checkpoint(
+        store: EventStore) -> None:
+    """The checkpoint an append adds is written but not returned: a caller unpacking its one
+    event (the gateway's dispatch mark) failed whenever that event landed on a checkpoint."""
+    small = EventStore(store.engine, checkpoint_every=4)
+    for index in range(10):
+        new = event(f"e{index}", {"n": index})
+        (recorded,) = small.append([StreamAppend("s/1", None, [new])])
+        assert recorded.event_id == new.event_id
+    with small.transaction() as tx:
+        crossing = [event(f"f{index}", {"n": index}) for index in range(3)]
+        returned = tx.append([StreamAppend("s/2", None, crossing)])
+        assert [e.event_id for e in returned] == [e.event_id for e in crossing]
+        assert tx.appended[-1].event_type == "LogCheckpointed"
+    assert len([e for e in small.read_all() if e.event_type == "LogCheckpointed"]) == 4
+    assert report(small).ok
+
+
 def test_checkpoints_stay_exact_when_writers_interleave_and_batches_cross_them(
         store: EventStore) -> None:
     # Each store remembers the hashes since the last checkpoint from its own commits; another
