@@ -19,7 +19,7 @@ ACCEPTED = "CommandAccepted"
 REJECTED = "CommandRejected"
 INBOX_STREAM = "inbox"
 # The ids of commands decisions issue (`issue_command`): a scale-up's placements
-# `<id>:place:<n>` (handlers.autoscaling), a measurement's evaluation `<id>:evaluate`
+# `<id>:place:<n>` (handlers.autoscaling_scale_up), a measurement's evaluation `<id>:evaluate`
 # (handlers.rollout), a plan's stages `<id>:<stage>` (commands.plan.stage_command_id). Reserved:
 # a submitted command under one would make the issuing decision collide with it, and the whole
 # batch holding it could never commit.

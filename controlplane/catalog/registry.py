@@ -11,9 +11,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from controlplane.catalog.architecture import Architecture, parse_hf_config
+from controlplane.catalog.architecture import Architecture
 from controlplane.catalog.errors import CatalogError, UnknownCatalogIdError
 from controlplane.catalog.gpus import GpuType, parse_gpu
+from controlplane.catalog.hf_config import parse_hf_config
 from controlplane.catalog.sizing import ParameterCount
 
 FIXTURES_ENV = "FLEET_FIXTURES_DIR"

@@ -7,13 +7,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from controlplane.catalog.architecture import (
-    Architecture,
-    ConfigValueError,
-    config_path,
-    parse_hf_config,
-)
+from controlplane.catalog.architecture import Architecture
+from controlplane.catalog.config_file import config_path
+from controlplane.catalog.config_values import ConfigValueError
 from controlplane.catalog.dtypes import DType
+from controlplane.catalog.hf_config import parse_hf_config
 from controlplane.catalog.registry import Catalog
 from controlplane.catalog.sizing import count_parameters
 from controlplane.policies.memory import MAX_COUNT, PipelineSplit

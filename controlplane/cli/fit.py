@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from controlplane.catalog.architecture import ConfigValueError
+from controlplane.catalog.config_values import ConfigValueError
 from controlplane.catalog.dtypes import DType
 from controlplane.catalog.fit import DEFAULT_USABLE_FRACTION, FitReport, FitRequest, plan_fit
 from controlplane.catalog.subject import ArchitectureOverrides

@@ -11,13 +11,10 @@ from controlplane.cli.context import existing_store
 from controlplane.cli.output import emit, progress
 from controlplane.cli.status_view import pool_budgets, render_status
 from controlplane.policy_book import PolicyBook, load_overrides
-from controlplane.replay import (
-    compare_with_live,
-    rebuild_live,
-    state_at,
-    verify_decisions,
-    whole_decisions_cut,
-)
+from controlplane.replay import compare_with_live, state_at
+from controlplane.replay_boundaries import whole_decisions_cut
+from controlplane.replay_rebuild import rebuild_live
+from controlplane.replay_verify import verify_decisions
 
 
 def _render(report: dict[str, Any]) -> str:

@@ -29,15 +29,12 @@ Every consequence is caused by (`causes`, `causation_id`) the `ScaleDecided` eve
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from typing import Any
 
 from controlplane.commands.base import CommandBase
-from controlplane.commands.fleet import PlaceReplica
 from controlplane.commands.traffic import ObserveLoad, seconds
 from controlplane.decisions import (
-    INBOX_STREAM,
     DecisionContext,
     append_to,
     decision_data,
@@ -45,6 +42,13 @@ from controlplane.decisions import (
     merge_appends,
     new_event,
     rejection,
+)
+from controlplane.handlers.autoscaling_scale_down import scale_down_candidates
+from controlplane.handlers.autoscaling_scale_up import scale_up_placements
+from controlplane.handlers.autoscaling_streams import (
+    autoscaler_stream,
+    observe_load_reads,
+    observe_load_streams,
 )
 from controlplane.handlers.base import Handler, Reads, Streams
 from controlplane.handlers.placement import release_events
@@ -74,15 +78,6 @@ from events.model import StreamAppend
 POLICY_FIELDS = ("min_replicas", "max_replicas", "service_tokens_per_second_per_replica",
                  "target_utilization", "queue_drain_seconds", "scale_up_cooldown_seconds",
                  "scale_down_stabilization_seconds")
-MAX_COMMAND_ID = 100
-MAX_NAME = 200
-
-
-def _bounded(text: str, suffix: str, limit: int) -> str:
-    """`text + suffix`, or a digest of `text` in its place when that would exceed `limit`."""
-    if len(text) + len(suffix) <= limit:
-        return text + suffix
-    return hashlib.sha256(text.encode()).hexdigest()[:24] + suffix
 
 
 def _fresh(command: ObserveLoad) -> list[dict[str, Any]]:
@@ -97,30 +92,6 @@ def _keep_from(window: list[dict[str, Any]], now: float, stabilization_seconds: 
     start = now - stabilization_seconds
     covering = [o["timestamp_seconds"] for o in window if o["timestamp_seconds"] <= start]
     return max(covering) if covering else None
-
-
-def _scale_down_order(pool: dict[str, Any], row: dict[str, Any]) -> list[str]:
-    """Warming replicas before ready ones (they serve nothing yet); newest placement first."""
-    def newest_first(ids: dict[str, int]) -> list[str]:
-        return sorted(ids, key=lambda rid: (-row["members"].get(rid, -1), rid))
-    return newest_first(pool["warming"]) + newest_first(pool["ready"])
-
-
-def scale_down_candidates(pool: dict[str, Any], row: dict[str, Any],
-                          excess: int) -> tuple[list[str], Reason | None]:
-    """The replicas that may go to shed `excess` now, and why fewer go, if they do: the
-    undecided placements are charged first (see the module's docstring)."""
-    pending = row["pending_placements"]
-    awaited = min(excess, len(pending))
-    candidates = _scale_down_order(pool, row)[:excess - awaited]
-    if not awaited:
-        return candidates, None
-    return candidates, Reason(
-        "placements_pending",
-        f"{awaited} of the {excess} replica(s) above the target are placements not decided yet: "
-        "no replica is released in their place; an observation after they land releases them",
-        {"excess_replicas": excess, "awaited_placements": awaited,
-         "pending_placements": list(pending)})
 
 
 def _admitted_load(ctx: DecisionContext, pool_id: str) -> dict[str, Any]:
@@ -157,43 +128,11 @@ def _releasable(pool: dict[str, Any], victims: list[str], live_tokens: int,
     return victims, None
 
 
-def _placements(command: ObserveLoad, ctx: DecisionContext, row: dict[str, Any],
-                count: int) -> tuple[list[PlaceReplica], int]:
-    """`count` placements shaped like the pool's latest one, and the replica sequence after."""
-    template = row["replica_template"]
-    children: list[PlaceReplica] = []
-    seq = row["replicas_issued"]
-    taken = set(row["pending_placements"])
-    while len(children) < count:
-        seq += 1
-        replica_id = _bounded(command.pool_id, f"-as{seq}", MAX_NAME)
-        if replica_id in taken or ctx.state.get(REPLICA, replica_id) is not None:
-            continue
-        children.append(PlaceReplica(
-            command_id=_bounded(command.command_id, f":place:{len(children) + 1}", MAX_COMMAND_ID),
-            at=command.at, actor="autoscaler", tenant=command.tenant,
-            correlation_id=command.correlation_id or command.command_id,
-            replica_id=replica_id, pool_id=command.pool_id, **template))
-    return children, seq
-
-
 def _state(pool: dict[str, Any], row: dict[str, Any]) -> ScaleState:
     ready, warming = len(pool["ready"]), len(pool["warming"])
     return ScaleState(desired_replicas=ready + warming + len(row["pending_placements"]),
                       ready_replicas=ready, warming_replicas=warming,
                       last_scale_at_seconds=row["last_scale_at_seconds"] or 0.0)
-
-
-def autoscaler_stream(pool_id: str) -> str:
-    """The stream of a pool's autoscaling decisions."""
-    return f"autoscaler/{pool_id}"
-
-
-def _streams(command: CommandBase) -> list[str]:
-    """The autoscaler's stream, and the inbox its scale-ups issue placements to (the replicas
-    a scale-down releases are found in the pool's row, so read while deciding)."""
-    assert isinstance(command, ObserveLoad)
-    return [autoscaler_stream(command.pool_id), INBOX_STREAM]
 
 
 def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
@@ -229,7 +168,7 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
         to_add = 0
         decision = dataclasses.replace(decision, action=ScaleAction.HOLD,
                                        target_replicas=state.desired_replicas)
-    children, issued = _placements(command, ctx, row, to_add)
+    children, issued = scale_up_placements(command, ctx, row, to_add)
     victims: list[str] = []
     admitted: dict[str, Any] | None = None
     held: Reason | None = None
@@ -293,12 +232,6 @@ def _result(command: ObserveLoad, decision: ScaleDecision, state: ScaleState,
                                                  demand_of(window_demand)))}
 
 
-def _reads(command: CommandBase) -> list[tuple[str, str]]:
-    """The rows a decision reads: the pool, its autoscaler and its admitted load."""
-    assert isinstance(command, ObserveLoad)
-    return [(POOL, command.pool_id), (AUTOSCALER, command.pool_id), (ADMISSION, command.pool_id)]
-
-
 HANDLERS: dict[str, Handler] = {"ObserveLoad": handle_observe_load}
 
 # Versions of the decision rules, each with what changed (see `handlers/base.py`).
@@ -312,5 +245,5 @@ RULES_VERSIONS: dict[str, int] = {
     #    in their place (`placements_pending`); a hold names the policy's target it falls short of.
     "ObserveLoad": 5,
 }
-READS: dict[str, Reads] = {"ObserveLoad": _reads}
-STREAMS: dict[str, Streams] = {"ObserveLoad": _streams}
+READS: dict[str, Reads] = {"ObserveLoad": observe_load_reads}
+STREAMS: dict[str, Streams] = {"ObserveLoad": observe_load_streams}

@@ -27,7 +27,8 @@ from controlplane.gateway.scenario import (
     common_fixture,
     dispatch,
 )
-from controlplane.replay import compare_with_live, verify_decisions
+from controlplane.replay import compare_with_live
+from controlplane.replay_verify import verify_decisions
 from controlplane.service import accept, decide, pending_command_ids
 from controlplane.settings import Settings
 from controlplane.state import gateway as gw

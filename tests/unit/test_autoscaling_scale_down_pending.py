@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.handlers.autoscaling import scale_down_candidates
+from controlplane.handlers.autoscaling_scale_down import scale_down_candidates
 
 
 def scale_down(ready: set[str], warming: set[str], row: dict[str, Any], target: int) -> list[str]:

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from controlplane.catalog.architecture import AttentionKind, parse_hf_config
+from controlplane.catalog.architecture import AttentionKind
 from controlplane.catalog.dtypes import DType, kv_element_bytes, parse_dtype
 from controlplane.catalog.errors import CatalogError
+from controlplane.catalog.hf_config import parse_hf_config
 from controlplane.catalog.registry import fixtures_dir, load_catalog
 from controlplane.catalog.sizing import (
     architecture_kv_bytes_per_token,

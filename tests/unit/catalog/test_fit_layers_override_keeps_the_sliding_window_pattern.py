@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from controlplane.catalog.architecture import parse_hf_config
 from controlplane.catalog.fit import FitRequest, plan_fit
+from controlplane.catalog.hf_config import parse_hf_config
 from controlplane.catalog.registry import load_catalog
 from controlplane.catalog.subject import ArchitectureOverrides
 

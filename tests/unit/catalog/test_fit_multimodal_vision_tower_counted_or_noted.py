@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from controlplane.catalog.architecture import parse_hf_config
 from controlplane.catalog.errors import CatalogError
 from controlplane.catalog.fit import FitReport, FitRequest, plan_fit
+from controlplane.catalog.hf_config import parse_hf_config
 from controlplane.catalog.registry import load_catalog
 from controlplane.catalog.sizing import count_parameters
 from controlplane.policies.memory import GIB
