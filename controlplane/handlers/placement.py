@@ -15,15 +15,9 @@ from controlplane.commands.fleet import MarkReplicaReady, PlaceReplica, ReleaseR
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
 from controlplane.handlers.admission_promotion import promote_on_ready
 from controlplane.handlers.base import Handler, Precheck, Reads, Warm
-from controlplane.policies.memory import (
-    DeploymentMemory,
-    MemoryAssessment,
-    ModelMemory,
-    assess_memory,
-    kv_shards_under_tensor_parallel,
-)
+from controlplane.policies.memory import ModelMemory
 from controlplane.policies.placement import GPU, Locality, PlacementRequest
-from controlplane.policies.placement_grouped import place_grouped
+from controlplane.policies.placement_width import MemorySizing, place_at_width
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.policy_book import PolicyBook, PolicyInForce
 from controlplane.state.autoscaling import AUTOSCALER
@@ -50,40 +44,10 @@ def inventory(state: StateView, usable_fraction: float) -> list[GPU]:
             for gpu in node_gpus(node_id, node, usable_fraction)]
 
 
-def _assess(model: dict[str, Any], command: PlaceReplica, tp: int, gpu_memory_gib: float,
-            usable_fraction: float) -> MemoryAssessment:
-    memory = ModelMemory(**model["memory"])
-    latent = memory.kv_latent_dim > 0
-    return assess_memory(memory, DeploymentMemory(
-        gpu_memory_gib=gpu_memory_gib, tensor_parallel_size=tp,
-        kv_shards=kv_shards_under_tensor_parallel(memory.kv_heads, tp, latent),
-        max_live_tokens_per_request=command.max_live_tokens_per_request,
-        target_concurrency=command.target_concurrency,
-        runtime_overhead_gib=command.runtime_overhead_gib, usable_fraction=usable_fraction))
-
-
-def _layout(model: dict[str, Any], command: PlaceReplica, most_free: float,
-            policy: PolicyInForce) -> tuple[int, MemoryAssessment, Reason]:
-    """The tensor-parallel width: as commanded, else the smallest power of two that fits the
-    largest GPU the placement could take (`most_free`, see `_most_free`)."""
-    fraction = policy.parameters["usable_fraction"]
-    largest = most_free / fraction  # division is monotonic: the largest GPU's memory
-    if command.tensor_parallel_size is not None:
-        tp = command.tensor_parallel_size
-        return tp, _assess(model, command, tp, largest, fraction), Reason(
-            "layout_commanded", f"tensor parallel {tp} as commanded", {"tensor_parallel": tp})
-    tp, tried = 1, []
-    while True:
-        assessment = _assess(model, command, tp, largest, fraction)
-        tried.append({"tensor_parallel": tp, "required_gib_per_gpu": assessment.required_gib_per_gpu})
-        if assessment.fits or tp * 2 > policy.parameters["max_tensor_parallel"]:
-            break
-        tp *= 2
-    return tp, assessment, Reason(
-        "layout_smallest_fitting" if assessment.fits else "layout_none_fits",
-        f"tensor parallel {tp} is the smallest power of two that fits the largest GPU"
-        if assessment.fits else "no tensor-parallel width up to the policy maximum fits",
-        {"tried": tried, "largest_gpu_memory_gib": largest})
+def _sizing(model: dict[str, Any], command: PlaceReplica, policy: PolicyInForce) -> MemorySizing:
+    return MemorySizing(ModelMemory(**model["memory"]), command.max_live_tokens_per_request,
+                        command.target_concurrency, command.runtime_overhead_gib,
+                        policy.parameters["usable_fraction"])
 
 
 def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
@@ -99,42 +63,45 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
             "unknown_model", "model_id", f"model {command.model_id} is not registered"), stream)
     policy = ctx.policies.in_force(ctx.state, "placement")
     fleet = fleet_index(ctx.state, policy)
-    most_free = _most_free(fleet, command)
+    available = fleet.largest_available_gib(frozenset(command.required_capabilities))
+    # With no GPU it could take, the largest of any, so the refusal still names a width.
+    most_free = available if available is not None else fleet.largest_free_gib()
     inputs = {"command": command.payload(), "model": model, "gpus_considered": fleet.gpu_count}
     if most_free is None:
         return _refused(command, ctx, policy, inputs, [Reason(
             "no_gpus", "the fleet has no GPU to place a replica on", {"gpus_considered": 0})],
             command.tensor_parallel_size, None)
+    sizing = _sizing(model, command, policy)
     try:
-        tp, assessment, layout = _layout(model, command, most_free, policy)
+        # Its GPU count and per-GPU memory are the width's, filled in by `place_at_width`.
         request = PlacementRequest(
-            replica=command.replica_id, model_revision=command.model_id, gpus_required=tp,
-            memory_gib_per_gpu=assessment.required_gib_per_gpu,
-            required_capabilities=frozenset(command.required_capabilities),
+            replica=command.replica_id, model_revision=command.model_id, gpus_required=1,
+            memory_gib_per_gpu=1.0, required_capabilities=frozenset(command.required_capabilities),
             locality=Locality(command.locality))
-        decision = place_grouped(request, fleet)
+        width = place_at_width(request, sizing, fleet, command.tensor_parallel_size, available,
+                               most_free, policy.parameters["max_tensor_parallel"])
     except PolicyInputError as error:
         return rejection(command, ctx, error, stream)
+    tp, assessment, decision = width.tensor_parallel, width.assessment, width.decision
     memory = to_plain(assessment)
     del memory["reasons"]
     if not decision.placed:
         return _refused(command, ctx, policy, inputs,
-                        [layout, *assessment.reasons, *decision.reasons], tp, memory)
+                        [width.layout, *assessment.reasons, *decision.reasons], tp, memory)
     by_node: dict[str, list[str]] = {}
     for qualified in decision.gpu_ids:
         node_id, gpu_id = qualified.split(GPU_ID_SEPARATOR, 1)
         by_node.setdefault(node_id, []).append(gpu_id)
     placed_memory = min(g.free_memory_gib for g in fleet.chosen(decision.gpu_ids))
-    # On GPUs as large as the largest, the assessment is the one the layout made (same inputs).
-    on_chosen = assessment if placed_memory == most_free else _assess(
-        model, command, tp, placed_memory / policy.parameters["usable_fraction"],
-        policy.parameters["usable_fraction"])
+    # On GPUs as large as those the width was sized on, the assessment is the width's own.
+    on_chosen = (assessment if placed_memory == width.sized_on_free_gib
+                 else sizing.assess(tp, placed_memory))
     replica = {"replica_id": command.replica_id, "model_id": command.model_id,
                "pool_id": command.pool_id, "tensor_parallel": tp, "gpus": by_node,
                "required_gib_per_gpu": assessment.required_gib_per_gpu,
                "kv_capacity_tokens": on_chosen.kv_capacity_tokens,
                "max_concurrency": on_chosen.max_concurrency, "memory": memory}
-    data = decision_data(outcome="placed", reasons=[layout, *decision.reasons], result=replica,
+    data = decision_data(outcome="placed", reasons=[width.layout, *decision.reasons], result=replica,
                          policy=policy, inputs=inputs, ctx=ctx, causes=_causes(command))
     placed = new_event(command, ctx, "decision", REPLICA_PLACED, data)
     appends = [append_to(stream, ctx, placed)]
@@ -143,17 +110,6 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
             command, ctx, f"reserve/{node_id}", GPUS_RESERVED,
             _gpu_change(ctx, node_id, gpu_ids, command.replica_id, command.model_id, placed.event_id))))
     return appends
-
-
-def _most_free(fleet: GpuIndex, command: PlaceReplica) -> float | None:
-    """The free memory a layout is sized on: the largest GPU this placement could take (free,
-    on a node not cordoned, with its capabilities). With none, the largest of all, so that the
-    refusal still names the width and what was short; None for a fleet with no GPU at all.
-
-    Sized on every GPU, a drained or full large node made the automatic width too narrow for
-    the GPUs actually available, and every such placement was refused."""
-    available = fleet.largest_available_gib(frozenset(command.required_capabilities))
-    return available if available is not None else fleet.largest_free_gib()
 
 
 def _refused(command: PlaceReplica, ctx: DecisionContext, policy: PolicyInForce,
@@ -253,7 +209,11 @@ PRECHECKS: dict[str, Precheck] = {"PlaceReplica": precheck_place_replica}
 RULES_VERSIONS: dict[str, int] = {
     # 2: the automatic tensor-parallel width is sized on the GPUs the placement could take; a
     #    fleet with no GPU refuses with `no_gpus`.
-    "PlaceReplica": 2,
+    # 3: the automatic width is the smallest that places: each width is assessed on the largest
+    #    GPU memory that many GPUs of one locality domain offer (a width the largest GPU fits
+    #    but no domain can group is passed over), and `layout_none_fits` names why each width
+    #    tried was not taken (`exceeds_largest_gpu` or `too_few_gpus`).
+    "PlaceReplica": 3,
     # 2: a replica becoming ready promotes the heads of its pool's admission queue.
     "MarkReplicaReady": 2,
 }
