@@ -55,7 +55,7 @@ from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.policies.placement import Locality, PlacementRequest, place_replica  # noqa: E402
 from controlplane.policies.placement_grouped import place_grouped  # noqa: E402
 from controlplane.replay import compare_with_live  # noqa: E402
-from controlplane.replay_verify import verify_decisions  # noqa: E402
+from controlplane.replay.verify import verify_decisions  # noqa: E402
 from controlplane.runtime import open_store  # noqa: E402
 from controlplane.service import accept, decide  # noqa: E402
 from controlplane.state.fleet import NODE  # noqa: E402

@@ -78,8 +78,8 @@ def peak_rss_mib() -> float:
 def measure(url: str, what: str, to_position: int | None) -> dict[str, float | int]:
     """Runs in a child process: one measurement and its peak resident memory."""
     from controlplane.logging import configure_logging
-    from controlplane.replay_fold import fold
-    from controlplane.replay_verify import verify_decisions
+    from controlplane.replay.fold import fold
+    from controlplane.replay.verify import verify_decisions
     from controlplane.runtime import open_store
     from events.canonical import decode
 

@@ -21,7 +21,7 @@ from controlplane.policies.fleet_plan import scenario_digest, scenario_from_plai
 from controlplane.policies.fleet_plan_scenario import Scenario
 from controlplane.policies.reasons import PolicyInputError, to_plain
 from controlplane.replay import compare_with_live, state_at
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.settings import Settings
 from controlplane.simulation.traces import Trace, read_trace
 from controlplane.workloads import at, model, observe, placement, ready, two_canaries

@@ -12,7 +12,7 @@ from controlplane.cli.status_view import pool_budgets, render_status
 from controlplane.errors import InputError
 from controlplane.explain import explain_id
 from controlplane.replay import state_at
-from controlplane.replay_boundaries import whole_decisions_cut
+from controlplane.replay.boundaries import whole_decisions_cut
 from events.projections import load_all
 from events.verify import MAX_POSITION, parse_anchor, verify_log
 

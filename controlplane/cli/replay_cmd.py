@@ -12,9 +12,9 @@ from controlplane.cli.output import emit, progress
 from controlplane.cli.status_view import pool_budgets, render_status
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import compare_with_live, state_at
-from controlplane.replay_boundaries import whole_decisions_cut
-from controlplane.replay_rebuild import rebuild_live
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.boundaries import whole_decisions_cut
+from controlplane.replay.rebuild import rebuild_live
+from controlplane.replay.verify import verify_decisions
 
 
 def _render(report: dict[str, Any]) -> str:

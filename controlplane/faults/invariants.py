@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from controlplane.decisions import ACCEPTED
 from controlplane.handlers import OBSERVATIONS
 from controlplane.replay import compare_with_live
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.state.fleet import GPUS_RELEASED, GPUS_RESERVED
 from events.model import RecordedEvent
 from events.store import EventStore

@@ -28,7 +28,7 @@ from controlplane.gateway.scenario import (
     dispatch,
 )
 from controlplane.replay import compare_with_live
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.service import accept, decide, pending_command_ids
 from controlplane.settings import Settings
 from controlplane.state import gateway as gw

@@ -13,7 +13,7 @@ from redis import Redis
 
 from controlplane.commands import command_adapter
 from controlplane.replay import compare_with_live
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore

@@ -10,7 +10,7 @@ import pytest
 from controlplane.gateway.fixture_provider import FIXTURE_DIR_ENV, FixtureProvider
 from controlplane.gateway.scenario import GatewayDriver, common_fixture
 from controlplane.replay import compare_with_live
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.runtime import open_store
 from controlplane.settings import Settings
 from events.store import EventStore

@@ -11,7 +11,7 @@ from controlplane.commands import command_adapter
 from controlplane.errors import InputError
 from controlplane.policy_book import PolicyBook, validate_parameters
 from controlplane.replay import compare_with_live, state_at
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.service import accept, decide, pending_command_ids
 from controlplane.workloads import at, inventory, model, placement, ready
 from events.model import RecordedEvent

@@ -16,7 +16,7 @@ from controlplane.errors import InputError, SubmissionRejected
 from controlplane.handlers import autoscaling
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import state_at
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.service import accept, decide, pending_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore

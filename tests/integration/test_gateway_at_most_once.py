@@ -34,7 +34,7 @@ from controlplane.commands.gateway import (
 from controlplane.gateway.fixture_provider import FIXTURE_DIR_ENV, Fault, FixtureProvider
 from controlplane.gateway.scenario import GatewayDriver, common_fixture, dispatch, words
 from controlplane.replay import compare_with_live
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.runtime import open_store
 from controlplane.service import pending_command_ids
 from controlplane.settings import Settings

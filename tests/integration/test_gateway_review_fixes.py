@@ -36,7 +36,7 @@ from controlplane.gateway.scenario import (
 )
 from controlplane.handlers import HANDLERS, RULES_VERSIONS, gateway_reconcile
 from controlplane.policy_book import PolicyBook
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.service import accept, decide
 from controlplane.settings import Settings
 from controlplane.state import gateway as gw

@@ -11,7 +11,7 @@ import pytest
 from controlplane.commands import command_adapter
 from controlplane.decisions import is_issued_id
 from controlplane.replay import compare_with_live
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.runtime import open_store
 from controlplane.service import accept, decide, pending_command_ids
 from controlplane.workloads import mixed_fleet

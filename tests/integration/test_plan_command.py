@@ -29,7 +29,7 @@ from controlplane.policies.fleet_plan_stages import STAGE_UPSTREAM, STAGES, run_
 from controlplane.policies.reasons import PolicyInputError
 from controlplane.policy_book import PolicyBook
 from controlplane.replay import state_at
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.runtime import open_store
 from controlplane.service import accept, pending_command_ids
 from controlplane.state.plan import EVENT_STAGES, FLEET_PLAN, FLEET_PLAN_STARTED

@@ -19,7 +19,7 @@ from controlplane.handlers.placement import inventory
 from controlplane.policies.placement import Locality, PlacementRequest, place_replica
 from controlplane.policies.reasons import to_plain
 from controlplane.replay import compare_with_live
-from controlplane.replay_rebuild import rebuild_live
+from controlplane.replay.rebuild import rebuild_live
 from controlplane.runtime import open_store, store_for_process
 from controlplane.service import accept, decide
 from controlplane.state.fleet import NODE, PLACEMENT_REFUSED, REPLICA, REPLICA_PLACED

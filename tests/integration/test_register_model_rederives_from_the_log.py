@@ -23,7 +23,7 @@ from controlplane.decisions import OUTSIDE_READS, DecisionContext
 from controlplane.handlers.fleet import RULES_VERSIONS
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import compare_with_live
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from events.store import EventStore
 from tests.cli_helpers import run_cli
 from tests.factories import register_model

@@ -12,7 +12,7 @@ import pytest
 from controlplane import handlers
 from controlplane.catalog.fit import FitRequest, plan_fit
 from controlplane.handlers.fleet import RULES_VERSIONS
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from events.store import EventStore
 from tests.factories import place_replica, register_model, register_node
 from tests.fleet_helpers import decision, run

@@ -16,9 +16,9 @@ import controlplane.replay
 from controlplane.commands import command_adapter
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import compare_with_live, state_at
-from controlplane.replay_boundaries import whole_decisions_cut
-from controlplane.replay_rebuild import rebuild_live
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.boundaries import whole_decisions_cut
+from controlplane.replay.rebuild import rebuild_live
+from controlplane.replay.verify import verify_decisions
 from controlplane.runtime import open_store
 from controlplane.service import accept
 from controlplane.settings import Settings

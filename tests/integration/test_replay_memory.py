@@ -3,7 +3,7 @@ and re-derivation still uses exactly the versions each decision read."""
 
 from __future__ import annotations
 
-from controlplane.replay_versions import StreamVersions
+from controlplane.replay.versions import StreamVersions
 from events.model import StreamAppend
 from events.store import EventStore
 from tests.factories import event

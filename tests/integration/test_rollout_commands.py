@@ -12,7 +12,7 @@ import pytest
 from controlplane.explain import explain_id
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import state_at
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from events.model import RecordedEvent
 from events.store import EventStore
 from tests.cli_helpers import run_cli

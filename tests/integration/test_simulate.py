@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from controlplane.replay import compare_with_live
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.verify import verify_decisions
 from controlplane.runtime import open_store
 from events.store import EventStore
 from tests.cli_helpers import run_cli

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from controlplane.replay_diff import diff_tables
-from controlplane.replay_fold import ProgressFn
+from controlplane.replay.diff import diff_tables
+from controlplane.replay.fold import ProgressFn
 from controlplane.state.fold import apply_event
 from events.model import NewEvent, StreamAppend, derived_event_id
 from events.projections import MemoryProjections, drop_all, load_all

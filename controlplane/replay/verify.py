@@ -18,10 +18,10 @@ from controlplane.commands import parse_command
 from controlplane.decisions import ACCEPTED, DecisionContext, OutsideReads
 from controlplane.handlers import OBSERVATIONS, decide_command, rules_version
 from controlplane.policy_book import PolicyBook
-from controlplane.replay_boundaries import continues_decision
-from controlplane.replay_diff import comparable_json, key_differs
-from controlplane.replay_fold import ProgressFn
-from controlplane.replay_versions import StreamVersions
+from controlplane.replay.boundaries import continues_decision
+from controlplane.replay.diff import comparable_json, key_differs
+from controlplane.replay.fold import ProgressFn
+from controlplane.replay.versions import StreamVersions
 from controlplane.state.fold import apply_event
 from events.model import RecordedEvent
 from events.projections import MemoryProjections

@@ -1,25 +1,25 @@
 """Replay: the fleet state as of any position, and where the live projections differ from it.
 
 Rebuilding folds stored facts and never calls a policy. Memory is flat in the log's length:
-events are read in chunks and folded one at a time (`replay_fold`), and the projections
+events are read in chunks and folded one at a time (`replay.fold`), and the projections
 themselves are bounded (settled admission records are forgotten by the decisions that say so).
 
-The rest of replay: `replay_rebuild` writes the live projections again from the log,
-`replay_verify` re-derives recorded decisions (verify and what-if), `replay_boundaries` finds
-where a decision's events begin and end, `replay_diff` compares stored values.
+The rest of replay: `replay.rebuild` writes the live projections again from the log,
+`replay.verify` re-derives recorded decisions (verify and what-if), `replay.boundaries` finds
+where a decision's events begin and end, `replay.diff` compares stored values.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from controlplane.replay_diff import diff_tables
-from controlplane.replay_fold import ProgressFn, fold
-from controlplane.replay_verify import verify_decisions
+from controlplane.replay.diff import diff_tables
+from controlplane.replay.fold import ProgressFn, fold
+from controlplane.replay.verify import verify_decisions
 from events.projections import MemoryProjections, load_all
 from events.store import EventStore
 
-# `verify_decisions` lives in `replay_verify`; it is re-exported for an import site not yet moved.
+# The package's entry points: state and comparison here, re-derivation from `replay.verify`.
 __all__ = ["compare_with_live", "state_at", "verify_decisions"]
 
 
