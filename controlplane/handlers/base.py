@@ -52,3 +52,15 @@ Reads = Callable[[CommandBase], list[tuple[str, str]]]
 Streams = Callable[[CommandBase], list[str]]
 Unfinished = Callable[[StateView], list[str]]
 Warm = Callable[[StateView, PolicyBook], object]
+
+
+def refuse_existing(projection: str, field: str, noun: str) -> Precheck:
+    """The precheck of a command that brings an entity into being: refused at submit, naming
+    `field`, when the fleet already has a `projection` row under that field's value (a second
+    one accepted with it, before it was decided, is the handler's recorded rejection)."""
+    def check(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
+        value = getattr(command, field)
+        if state.get(projection, value) is not None:
+            return [(field, f"{noun} {value!r} already exists")]
+        return []
+    return check

@@ -20,7 +20,7 @@ from controlplane.decisions import (
 )
 from controlplane.errors import InputError
 from controlplane.handlers.admission_promotion import promote_on_policy
-from controlplane.handlers.base import Handler, Precheck, Streams
+from controlplane.handlers.base import Handler, Precheck, Streams, refuse_existing
 from controlplane.handlers.placement import release_events
 from controlplane.policies.memory import ModelMemory
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
@@ -192,20 +192,6 @@ def precheck_set_policy(command: CommandBase, state: StateView) -> list[tuple[st
     return []
 
 
-def precheck_register_node(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
-    assert isinstance(command, RegisterNode)
-    if state.get(NODE, command.node_id) is not None:
-        return [("node_id", f"node {command.node_id!r} is already registered")]
-    return []
-
-
-def precheck_register_model(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
-    assert isinstance(command, RegisterModel)
-    if state.get(MODEL, command.model_id) is not None:
-        return [("model_id", f"model {command.model_id!r} is already registered")]
-    return []
-
-
 HANDLERS: dict[str, Handler] = {
     "RegisterNode": handle_register_node,
     "CordonNode": handle_cordon_node,
@@ -232,6 +218,6 @@ RULES_VERSIONS: dict[str, int] = {
 }
 PRECHECKS: dict[str, Precheck] = {
     "SetPolicy": precheck_set_policy,
-    "RegisterNode": precheck_register_node,
-    "RegisterModel": precheck_register_model,
+    "RegisterNode": refuse_existing(NODE, "node_id", "node"),
+    "RegisterModel": refuse_existing(MODEL, "model_id", "model"),
 }

@@ -14,7 +14,7 @@ from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import MarkReplicaReady, PlaceReplica, ReleaseReplica
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
 from controlplane.handlers.admission_promotion import promote_on_ready
-from controlplane.handlers.base import Handler, Precheck, Reads, Warm
+from controlplane.handlers.base import Handler, Precheck, Reads, Warm, refuse_existing
 from controlplane.policies.memory import ModelMemory
 from controlplane.policies.placement import GPU, Locality, PlacementRequest
 from controlplane.policies.placement_width import MemorySizing, place_at_width
@@ -190,13 +190,6 @@ def handle_mark_ready(command: CommandBase, ctx: DecisionContext) -> list[Stream
             *promote_on_ready(command, ctx, replica, ready.event_id)]
 
 
-def precheck_place_replica(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
-    assert isinstance(command, PlaceReplica)
-    if state.get(REPLICA, command.replica_id) is not None:
-        return [("replica_id", f"replica {command.replica_id!r} already exists")]
-    return []
-
-
 HANDLERS: dict[str, Handler] = {
     "PlaceReplica": handle_place_replica,
     "ReleaseReplica": handle_release_replica,
@@ -204,7 +197,8 @@ HANDLERS: dict[str, Handler] = {
 }
 # A replica id is placed once (a released replica keeps its row): another placement under it
 # is refused at submit; one accepted with it, or before it was placed, is a recorded rejection.
-PRECHECKS: dict[str, Precheck] = {"PlaceReplica": precheck_place_replica}
+PRECHECKS: dict[str, Precheck] = {
+    "PlaceReplica": refuse_existing(REPLICA, "replica_id", "replica")}
 # Versions of the decision rules, each with what changed (see `handlers/base.py`).
 RULES_VERSIONS: dict[str, int] = {
     # 2: the automatic tensor-parallel width is sized on the GPUs the placement could take; a

@@ -24,7 +24,7 @@ from controlplane.decisions import (
     new_event,
     rejection,
 )
-from controlplane.handlers.base import Handler, Precheck, Streams
+from controlplane.handlers.base import Handler, Precheck, Streams, refuse_existing
 from controlplane.policies.quantization import (
     QuantizationAction,
     QuantizationMeasurement,
@@ -61,7 +61,6 @@ from controlplane.state.rollout import (
     measurement_key,
 )
 from events.model import StreamAppend
-from events.projections import StateView
 
 STAGE_EVENTS = {RolloutAction.HOLD: ROLLOUT_HELD, RolloutAction.ADVANCE: ROLLOUT_ADVANCED,
                 RolloutAction.PROMOTE: ROLLOUT_PROMOTED, RolloutAction.ROLLBACK: ROLLOUT_ROLLED_BACK}
@@ -254,19 +253,13 @@ def handle_evaluate_canary(command: CommandBase, ctx: DecisionContext) -> list[S
                       new_event(command, ctx, "decision", STAGE_EVENTS[step.action], data))]
 
 
-def precheck_start_rollout(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
-    assert isinstance(command, StartRollout)
-    if state.get(ROLLOUT, command.rollout_id) is not None:
-        return [("rollout_id", f"rollout {command.rollout_id!r} already exists")]
-    return []
-
-
 HANDLERS: dict[str, Handler] = {
     "StartRollout": handle_start_rollout,
     "RecordCanaryMeasurement": handle_record_measurement,
     "EvaluateCanary": handle_evaluate_canary,
 }
-PRECHECKS: dict[str, Precheck] = {"StartRollout": precheck_start_rollout}
+PRECHECKS: dict[str, Precheck] = {
+    "StartRollout": refuse_existing(ROLLOUT, "rollout_id", "rollout")}
 # Versions of the decision rules, each with what changed (see `handlers/base.py`).
 RULES_VERSIONS: dict[str, int] = {
     # 2: a canary rung is cleared only by evidence measured on it.
