@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 import structlog
@@ -123,13 +124,16 @@ Enqueue = Callable[[list[str]], object]
 
 
 def decide(store: EventStore, command_ids: Sequence[str],
-           policies: PolicyBook | None = None, enqueue: Enqueue | None = None) -> list[Outcome]:
+           policies: PolicyBook | None = None, enqueue: Enqueue | None = None,
+           effects_until: float | None = None, hand_off: Enqueue | None = None) -> list[Outcome]:
     """Decide each command once; append every decision of the batch in one transaction.
 
     A command already decided is not decided again: its recorded events are returned, so a job
     delivered twice appends nothing. Unknown ids are skipped with a warning. Follow-up commands
     a decision issued are passed to `enqueue` after commit; so are those of a command delivered
     again that are still undecided (the delivery that decided it died before enqueueing them).
+    Outside effects run after commit, until `effects_until`; the rest go to `hand_off`
+    (`run_effects`).
 
     The inbox is read and parsed before the append lock is taken; the batch is then decided
     and appended under the lock (`controlplane.deciding.decide_batch`), which checks again that
@@ -151,7 +155,7 @@ def decide(store: EventStore, command_ids: Sequence[str],
         issued += _undecided_follow_ups(store, redelivered)
     if issued and enqueue is not None:
         enqueue(issued)  # before the effects: one that raises (to be resumed) leaves them queued
-    run_effects(store, outcomes)
+    run_effects(store, outcomes, effects_until, hand_off)
     return outcomes
 
 
@@ -192,15 +196,37 @@ def _prepare(store: EventStore, connection: Connection,
     return done, prepared
 
 
-def run_effects(store: EventStore, outcomes: Sequence[Outcome]) -> None:
+def run_effects(store: EventStore, outcomes: Sequence[Outcome], until: float | None = None,
+                hand_off: Enqueue | None = None) -> list[str]:
     """Run the outside effects of events this call committed, never on a replay; and, for a
     command delivered again after it was decided, those `RESUMABLE` (each acts at most once by
-    itself: a worker that died after committing a decision had left them undone)."""
+    itself: a worker that died after committing a decision had left them undone).
+
+    Effects run one after another (a gateway call each). Once `time.monotonic()` reaches
+    `until`, and at least one has run, the commands whose resumable effects have not started
+    are passed to `hand_off` (enqueued again: delivered again, a command resumes them) and
+    their ids returned: a batch of slow calls had run past its job's timeout, the timeout
+    recorded a healthy call as an unknown outcome, and calls late in the batch found their
+    reservation's lease run out. An effect that cannot be resumed always runs here."""
+    handed: list[str] = []
+    ran = 0
     for outcome in outcomes:
         for event in outcome.events:
             effect = EFFECTS.get(event.event_type)
-            if effect is not None and (outcome.decided_now or event.event_type in RESUMABLE):
-                effect(store, event)
+            resumable = event.event_type in RESUMABLE
+            if effect is None or not (outcome.decided_now or resumable):
+                continue
+            if resumable and hand_off is not None and until is not None and ran \
+                    and (handed or time.monotonic() >= until):
+                if outcome.command_id not in handed:
+                    handed.append(outcome.command_id)
+                continue
+            effect(store, event)
+            ran += 1
+    if handed and hand_off is not None:
+        log.info("effects_handed_off", commands=len(handed), ran=ran)
+        hand_off(handed)
+    return handed
 
 
 def unfinished_command_ids(store: EventStore) -> list[str]:

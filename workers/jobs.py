@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Annotated, Any
 
 import structlog
@@ -18,6 +19,9 @@ from workers.queue import enqueue_commands
 
 log = structlog.get_logger(__name__)
 MAX_IDS_PER_JOB = MAX_BATCH_SIZE  # a job carries at most one batch (FLEET_BATCH_SIZE)
+# How long one job runs outside effects before handing the rest to another (at most half its
+# timeout): well inside the gateway's default reservation lease (900 s).
+EFFECTS_BUDGET_SECONDS = 60.0
 
 
 _JOB_ARGUMENT: TypeAdapter[list[str]] = TypeAdapter(
@@ -43,6 +47,7 @@ def decide_commands(command_ids: list[str]) -> dict[str, Any]:
     except ValidationError as error:
         raise InputError(f"a decide job takes a list of at most {MAX_IDS_PER_JOB} command ids: "
                          f"{error.error_count()} problem(s)") from None
+    started = time.monotonic()
     job = get_current_job()
     bound = log.bind(job_pid=os.getpid(), batch_size=len(command_ids),
                      job_id=job.id if job is not None else None)
@@ -52,9 +57,20 @@ def decide_commands(command_ids: list[str]) -> dict[str, Any]:
         if job is not None:
             enqueue_commands(job.connection, settings, ids)
 
+    def hand_off(ids: list[str]) -> None:
+        if job is not None:
+            enqueue_commands(job.connection, settings, ids, kind="resume")
+
     store = store_for_process(settings)
     waited, held = store.lock_wait_seconds, store.lock_held_seconds
-    outcomes = decide(store, command_ids, enqueue=enqueue_follow_ups)
+    # Outside calls (the gateway's) run one after another: past half the job's timeout, or a
+    # minute, the rest go to a job of their own, so none is cut off by the timeout, waits out
+    # its reservation's lease behind the others, or keeps idle workers from sharing them.
+    timeout = (job.timeout if job is not None and job.timeout else None) \
+        or settings.job_timeout_seconds
+    outcomes = decide(store, command_ids, enqueue=enqueue_follow_ups,
+                      effects_until=started + min(timeout / 2, EFFECTS_BUDGET_SECONDS),
+                      hand_off=hand_off)
     decided_now = sum(1 for outcome in outcomes if outcome.decided_now)
     # How long the batch waited for the append lock and held it: other workers wait that long.
     bound.info("batch_decided", decided_now=decided_now, already_decided=len(outcomes) - decided_now,

@@ -55,20 +55,23 @@ def command_queue(connection: Redis, name: str | None = None) -> Queue:
                  serializer=JSONSerializer)
 
 
-def batch_job_id(queue_name: str, command_ids: Sequence[str]) -> str:
-    """A job id derived from the queue and the batch's command ids: re-enqueueing names one job."""
+def batch_job_id(queue_name: str, command_ids: Sequence[str], kind: str = "decide") -> str:
+    """A job id derived from the queue and the batch's command ids: re-enqueueing names one job.
+    `kind` "resume" names a job of decided commands whose effects another job handed off (never
+    the id of the job handing them off, which may carry the same ids)."""
     digest = hashlib.sha256("\n".join(command_ids).encode()).hexdigest()[:40]
-    return f"decide-{queue_name}-{digest}"
+    return f"{kind}-{queue_name}-{digest}"
 
 
-def enqueue_commands(connection: Redis, settings: Settings, command_ids: Sequence[str]) -> list[str]:
+def enqueue_commands(connection: Redis, settings: Settings, command_ids: Sequence[str],
+                     kind: str = "decide") -> list[str]:
     """Enqueue `command_ids` in batches of `settings.batch_size`; returns the job ids."""
     queue = command_queue(connection, settings.command_queue)
     batches = [list(command_ids[i:i + settings.batch_size])
                for i in range(0, len(command_ids), settings.batch_size)]
     jobs = [
         Queue.prepare_data(
-            DECIDE_JOB, args=(batch,), job_id=batch_job_id(queue.name, batch),
+            DECIDE_JOB, args=(batch,), job_id=batch_job_id(queue.name, batch, kind),
             timeout=settings.job_timeout_seconds, result_ttl=settings.result_ttl_seconds,
             failure_ttl=settings.failure_ttl_seconds, retry=RETRY,
             description=f"decide {len(batch)} command(s)")
