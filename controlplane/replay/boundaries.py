@@ -1,7 +1,8 @@
 """A recorded decision's extent in the log: the events that belong to it, and cuts that split none.
 
 A decision's events (and the follow-up commands it accepts) are appended in one transaction, so
-replay re-derives a decision whole, and `whole_decisions_cut` moves a cut out of the inside of one.
+replay re-derives a decision whole, and `whole_decisions_cut` moves a cut out of the inside of one
+(or of the observations an outside effect recorded together).
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ def continues_decision(group: list[RecordedEvent], event: RecordedEvent) -> bool
     return event.command_id == group[0].command_id and event.event_type not in OBSERVATIONS
 
 
+def _continues_unit(group: list[RecordedEvent], event: RecordedEvent) -> bool:
+    """Whether `event` belongs to the open unit `group`: a decision (`continues_decision`), or
+    an outside effect's observations, which its effect records in a transaction of their own
+    (an operation completed and its budget settled): the same command's, appended together."""
+    first = group[0]
+    if first.event_type in OBSERVATIONS:
+        return (event.event_type in OBSERVATIONS and event.command_id == first.command_id
+                and event.recorded_at == first.recorded_at)
+    return continues_decision(group, event)
+
+
 # Events a decision's window is first read back over; doubled while the decision starts before.
 _CUT_WINDOW = 64
 
@@ -32,7 +44,9 @@ def whole_decisions_cut(store: EventStore, position: int) -> int:
     A decision's events (and the follow-up commands it accepts) are appended in one
     transaction, so a state folded to a position inside them was never committed: a replica
     placed on a GPU that still counts as free. A cut there moves back to just before that
-    decision. (Positions past the head are the head's; 0 is 0.)
+    decision; so does one inside the observations an outside effect recorded together (an
+    operation completed with its grant still reserved). (Positions past the head are the
+    head's; 0 is 0.)
     """
     window = _CUT_WINDOW
     while True:
@@ -43,13 +57,13 @@ def whole_decisions_cut(store: EventStore, position: int) -> int:
         *upto, after = events
         group: list[RecordedEvent] = []
         for event in upto:
-            if group and continues_decision(group, event):
+            if group and _continues_unit(group, event):
                 group.append(event)
-            elif event.event_type not in (ACCEPTED, *OBSERVATIONS) and event.command_id:
+            elif event.event_type != ACCEPTED and event.command_id:
                 group = [event]
             else:
                 group = []
-        if not group or not continues_decision(group, after):
+        if not group or not _continues_unit(group, after):
             return position
         if group[0].position > start + 1 or start == 0:
             return group[0].position - 1

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection
 
 import controlplane.replay
 from controlplane.commands import command_adapter
+from controlplane.gateway.scenario import GatewayDriver, dispatch
 from controlplane.policy_book import PolicyBook, load_overrides
 from controlplane.replay import compare_with_live, state_at
 from controlplane.replay.boundaries import whole_decisions_cut
@@ -234,6 +235,24 @@ def test_a_cut_inside_a_decision_shows_the_state_before_it_never_a_half_applied_
     whole = json.loads(run_cli("replay", "--to", str(reserved.position), "--json").output)
     assert whole["position"] == reserved.position and "requested_position" not in whole
     assert whole["state"]["replica"]["r1"]["state"] == "warming"
+
+
+def test_a_cut_inside_an_effects_observations_shows_the_state_before_them(
+        gateway: GatewayDriver) -> None:
+    """A call's outcome and its budget settlement are recorded in one transaction: folded to
+    the first alone, the operation was completed with its grant still reserved."""
+    gateway.send(dispatch("alice", "k1"))
+    store = gateway.store
+    completed = next(e for e in store.read_all() if e.event_type == "OperationCompleted")
+    settled = next(e for e in store.read_all() if e.event_type == "BudgetSettled")
+    assert settled.position == completed.position + 1
+    assert whole_decisions_cut(store, completed.position) == completed.position - 1
+    assert whole_decisions_cut(store, settled.position) == settled.position
+    status = json.loads(run_cli("status", "--at", str(completed.position), "--json").output)
+    assert status["position"] == completed.position - 1
+    before = state_at(store, completed.position - 1)
+    operation = before.get("gateway_operation", "acme/k1")
+    assert operation is not None and operation["state"] == "dispatching"
 
 
 def test_a_decision_longer_than_the_window_read_back_is_still_cut_whole(
