@@ -34,7 +34,7 @@ from controlplane.gateway.world import (
     sources_of,
     tenant_of,
 )
-from controlplane.handlers.base import Effect, Handler, Reads, Streams, Unfinished
+from controlplane.handlers.base import Effect, Handler, Precheck, Reads, Streams, Unfinished
 from controlplane.policies.gateway import (
     DispatchRequest,
     NetworkPreference,
@@ -55,6 +55,7 @@ from controlplane.policies.gateway_replay import (
 from controlplane.policies.reasons import to_plain
 from controlplane.policy_book import PolicyInForce
 from controlplane.state import gateway as gw
+from events import transaction
 from events.model import StreamAppend
 from events.projections import StateView
 
@@ -239,7 +240,23 @@ def unfinished_dispatches(state: StateView) -> list[str]:
     return [row["operation_id"] for _, row in state.items(gw.RESERVED_OPERATIONS)]
 
 
+# How far ahead of the control plane's clock a request may be dated (the submitter's clock may
+# run fast). Its time starts its lease on the command clock: a request dated ahead kept its
+# operation, if stuck, from being reconciled until that date (never, late in year 9999).
+MAX_DISPATCH_AHEAD_SECONDS = 300
+
+
+def precheck_dispatch(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
+    assert isinstance(command, Dispatch)
+    ahead = (command.at - datetime.fromisoformat(transaction.wall_clock())).total_seconds()
+    if ahead > MAX_DISPATCH_AHEAD_SECONDS:
+        return [("at", f"the request is dated {ahead:,.0f} s ahead of the control plane's clock "
+                 f"(at most {MAX_DISPATCH_AHEAD_SECONDS} s): a request happens now")]
+    return []
+
+
 HANDLERS: dict[str, Handler] = {"Dispatch": handle_dispatch}
+PRECHECKS: dict[str, Precheck] = {"Dispatch": precheck_dispatch}
 # Versions of the decision rules, each with what changed (see `handlers/base.py`).
 RULES_VERSIONS: dict[str, int] = {
     # 2: a replay of a failed operation no provider refused (never sent, or reconciled

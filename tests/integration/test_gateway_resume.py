@@ -24,6 +24,7 @@ from controlplane.gateway.scenario import (
     dispatch,
     route,
 )
+from controlplane.handlers.gateway import MAX_DISPATCH_AHEAD_SECONDS
 from controlplane.policy_book import PolicyBook
 from controlplane.service import accept, decide, unfinished_command_ids
 from controlplane.settings import Settings
@@ -110,8 +111,9 @@ def test_a_reservation_resumed_past_its_lease_is_never_sent_and_its_grant_is_rel
 def test_the_dispatching_mark_carries_the_requests_own_time_as_the_lease_is_measured_in_it(
         gateway: GatewayDriver) -> None:
     """Replays and reconciliations measure the lease against their commands' times: stamped
-    with the wall clock, a request dated ahead of it was unknown 5 s after being sent."""
-    at = datetime.now(UTC) + timedelta(hours=1)
+    with the wall clock, a request dated ahead of it (as far as submit lets it) was unknown
+    5 s after being sent."""
+    at = datetime.now(UTC) + timedelta(seconds=MAX_DISPATCH_AHEAD_SECONDS - 60)
     # The answer's write and the smaller "unknown" write both fail: it stays dispatching.
     gateway.provider.script(Fault("persist_and_mark_fail", idempotency_key="ahead"))
     gateway.send(dispatch("alice", "ahead", at=at))
