@@ -13,6 +13,7 @@ from controlplane.deciding import Outcome, Prepared, decide_batch
 from controlplane.decisions import ACCEPTED, INBOX_STREAM, inbox_record, is_issued_id
 from controlplane.errors import FieldProblem, SubmissionRejected
 from controlplane.handlers import EFFECTS, PRECHECKS, RESUMABLE, UNFINISHED
+from controlplane.handlers.base import RefuseExisting
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import ENTITY, PENDING, apply_event
 from events.model import NewEvent, StreamAppend, derived_event_id
@@ -106,6 +107,11 @@ def precheck(tx: LogTransaction, commands: Sequence[CommandBase],
     if not any(c.references() or c.command_type in PRECHECKS for c in commands):
         return []
     declared = {key for _, row in tx.projections.items(PENDING) for key in row.get("creates", [])}
+    # The rows the checks below read, in one query per projection rather than one per command.
+    tx.projections.prefetch([*((ENTITY, key) for c in commands for _, key in c.references()),
+                             *(check.key(c) for c in commands
+                               if isinstance(check := PRECHECKS.get(c.command_type),
+                                             RefuseExisting))])
     problems = []
     for line, command in zip(lines, commands, strict=True):
         for field, key in command.references():
@@ -113,7 +119,11 @@ def precheck(tx: LogTransaction, commands: Sequence[CommandBase],
                 kind, _, name = key.partition("/")
                 problems.append(FieldProblem(line, field, f"unknown {kind} {name!r}"))
         check = PRECHECKS.get(command.command_type)
-        if check is not None:
+        if isinstance(check, RefuseExisting) and check.entity(command) in declared:
+            problems.append(FieldProblem(line, check.field, f"{check.noun} "
+                                         f"{getattr(command, check.field)!r} is created by an "
+                                         "earlier line or by a command not yet decided"))
+        elif check is not None:
             problems.extend(FieldProblem(line, field, message)
                             for field, message in check(command, tx.projections))
         declared.update(command.creates())

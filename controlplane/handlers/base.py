@@ -54,13 +54,32 @@ Unfinished = Callable[[StateView], list[str]]
 Warm = Callable[[StateView, PolicyBook], object]
 
 
-def refuse_existing(projection: str, field: str, noun: str) -> Precheck:
+class RefuseExisting:
     """The precheck of a command that brings an entity into being: refused at submit, naming
-    `field`, when the fleet already has a `projection` row under that field's value (a second
-    one accepted with it, before it was decided, is the handler's recorded rejection)."""
-    def check(command: CommandBase, state: StateView) -> list[tuple[str, str]]:
-        value = getattr(command, field)
-        if state.get(projection, value) is not None:
-            return [(field, f"{noun} {value!r} already exists")]
+    `field`, when the fleet already has a `projection` row under that field's value.
+
+    `service.precheck` reads every such row of a submission in one query (`key`) and refuses,
+    too, a command whose entity (`entity`, a key of `CommandBase.creates`) an earlier line of
+    the submission or a command not yet decided creates; one accepted with another that
+    creates it is left to the handler, a recorded rejection."""
+
+    def __init__(self, projection: str, field: str, noun: str) -> None:
+        self.projection, self.field, self.noun = projection, field, noun
+
+    def key(self, command: CommandBase) -> tuple[str, str]:
+        """The projection row (name, key) whose presence refuses `command`."""
+        return self.projection, getattr(command, self.field)
+
+    def entity(self, command: CommandBase) -> str:
+        return f"{self.noun}/{getattr(command, self.field)}"
+
+    def __call__(self, command: CommandBase, state: StateView) -> list[tuple[str, str]]:
+        value = getattr(command, self.field)
+        if state.get(self.projection, value) is not None:
+            return [(self.field, f"{self.noun} {value!r} already exists")]
         return []
-    return check
+
+
+def refuse_existing(projection: str, field: str, noun: str) -> RefuseExisting:
+    """See `RefuseExisting`."""
+    return RefuseExisting(projection, field, noun)

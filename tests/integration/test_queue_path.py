@@ -14,6 +14,7 @@ from controlplane.decisions import ACCEPTED
 from controlplane.errors import SubmissionRejected
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import Settings
+from events.projections import SqlProjections
 from events.store import EventStore
 from tests.conftest import forget_queue
 from tests.factories import assess_memory, place_replica, register_model, register_node
@@ -117,6 +118,43 @@ def test_a_second_command_creating_what_the_fleet_has_is_refused_at_submit_for_e
     assert [(p.field, p.line) for p in refused.value.problems] == [(field, 1)]
     assert "already" in refused.value.problems[0].message
     assert store.head() == head
+
+
+@pytest.mark.parametrize(("creator", "field"), [
+    (register_node("n2"), "node_id"), (register_model("m2"), "model_id"),
+    (place_replica("r2"), "replica_id")], ids=["node", "model", "replica"])
+def test_a_second_creator_of_one_id_is_refused_whether_in_the_submission_or_pending(
+        store: EventStore, creator: dict, field: str) -> None:
+    """Two commands creating one id in one submission, or one while another is undecided: the
+    second had been accepted and recorded as a rejection."""
+    run(store, register_node("n1"), register_model())
+    first = command_adapter.validate_python(creator)
+    second = command_adapter.validate_python({**creator, "command_id": "again"})
+    with pytest.raises(SubmissionRejected) as refused:
+        accept(store, [first, second])
+    assert [(p.field, p.line) for p in refused.value.problems] == [(field, 2)]
+    assert "earlier line or by a command not yet decided" in refused.value.problems[0].message
+    assert accept(store, [first]) == [first.command_id]  # accepted, not decided yet
+    with pytest.raises(SubmissionRejected):
+        accept(store, [second])
+
+
+def test_checking_a_submission_reads_its_rows_in_one_query_per_projection_not_per_command(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each new replica id (and each reference) had been looked up alone, under the append
+    lock: a round trip per command on PostgreSQL."""
+    run(store, register_node("n1"), register_model())
+    loads: list[tuple[str, str]] = []
+    load = SqlProjections._load
+
+    def counted(self: SqlProjections, name: str, key: str) -> object:
+        loads.append((name, key))
+        return load(self, name, key)
+
+    monkeypatch.setattr(SqlProjections, "_load", counted)
+    assert len(accept(store, [command_adapter.validate_python(place_replica(f"r{i}"))
+                              for i in range(50)])) == 50
+    assert loads == []
 
 
 def test_reconcile_decides_every_command_after_the_queue_is_lost(
