@@ -3,21 +3,22 @@
 A width `tp` needs `tp` GPUs of one locality domain, each with the memory assessment's
 `required_gib_per_gpu` free, and that need does not depend on which GPU takes it. So `tp`
 places exactly when one domain offers `tp` available GPUs, with the required capabilities,
-of at least the need each: when the need is at most `groupable_gib(tp)`, the largest free
-memory `tp` GPUs of one domain all have (`place_replica`'s own gates and domains). Each width
-is therefore assessed on that GPU, and the first whose assessment fits is the one
+of at least the need each: when the need is at most `GroupOffers.most_for(tp)`, the largest
+free memory `tp` GPUs of one domain all have (`place_replica`'s own gates and domains). Each
+width is therefore assessed on that GPU, and the first whose assessment fits is the one
 `place_grouped` is asked to place. A width not taken failed on memory (its need exceeds the
 largest GPU the placement could take, `exceeds_largest_gpu`) or on GPUs (no domain offers `tp`
-GPUs that large, `too_few_gpus`); the decision's layout reason lists every width tried.
+GPUs that large, `too_few_gpus`; none at all can be taken, `no_gpu_available`); the decision's
+layout reason lists every width tried.
 
 Cost: width 1 is sized on the largest available GPU (one GPU is a group in any domain), so a
 placement that fits there costs what it did before: one assessment, one `place_grouped` call.
-`groupable_gib` runs only for a wider width whose need fits the largest GPU: one pass over the
-node signatures, which stops at the first node offering `tp` of the largest GPUs (on a fleet of
-alike nodes, at once; where every node differs, about as long as `place_grouped`'s own pass).
-A width that fails is known without calling `place_grouped` (bar a need within rounding of a
-GPU's free memory, which `place_grouped` then settles); a refusal calls it once, to list every
-GPU and the first gate it failed.
+A wider width whose need fits the largest GPU reads `GroupOffers`, built once per decision in
+one pass over the node signatures (node locality: a few on a fleet of alike nodes, one a node
+where every node differs) or over the available GPUs (rack, link domain, any), then a pass over
+the domains per width. A width that fails is known without calling `place_grouped` (bar a need
+within rounding of a GPU's free memory, which `place_grouped` then settles); a refusal calls it
+once, to list every GPU and the first gate it failed.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ from controlplane.policies.placement import (
     Locality,
     PlacementDecision,
     PlacementRequest,
-    domain_of,
 )
 from controlplane.policies.placement_grouped import GroupedInventory, place_grouped
 from controlplane.policies.reasons import Reason
 
 TAKEN, EXCEEDS_LARGEST_GPU, TOO_FEW_GPUS = "taken", "exceeds_largest_gpu", "too_few_gpus"
+NO_GPU_AVAILABLE = "no_gpu_available"
 
 
 @dataclass(frozen=True)
@@ -76,32 +77,60 @@ class WidthDecision:
     layout: Reason
 
 
-def groupable_gib(fleet: GroupedInventory, count: int, capabilities: frozenset[str],
-                  locality: Locality, ceiling: float) -> float | None:
-    """The most free memory that `count` available GPUs with `capabilities` in one `locality`
-    domain all have (None: no domain offers `count`); stops early at `ceiling`, the largest."""
-    best: float | None = None
-    if locality is Locality.NODE:
+class GroupOffers:
+    """What groups of GPUs one placement (its capabilities and locality) could take.
+
+    Node locality reads the node signatures (nodes of one shape offer alike) once per width,
+    keeping only GPUs that could beat the best node so far and stopping at the first node that
+    offers `ceiling` (the largest GPU: no group offers more). Any other locality groups the
+    available GPUs by domain once, on first use, each domain's free memory sorted from the
+    most; each width is then a pass over the domains."""
+
+    def __init__(self, fleet: GroupedInventory, capabilities: frozenset[str],
+                 locality: Locality, ceiling: float = math.inf) -> None:
+        self._fleet, self._capabilities, self._locality = fleet, capabilities, locality
+        self._ceiling = ceiling
+        self._domains: list[list[float]] | None = None
+
+    def most_for(self, count: int) -> float | None:
+        """The most free memory that `count` available GPUs with the capabilities, all in one
+        domain, each have; None when no domain offers `count` of them."""
+        if self._locality is Locality.NODE:
+            return self._most_on_one_node(count)
+        offers = [frees[count - 1] for frees in self._by_domain() if len(frees) >= count]
+        return max(offers) if offers else None
+
+    def _most_on_one_node(self, count: int) -> float | None:
+        best: float | None = None
         floor = -math.inf
-        for signature in fleet.signatures():
+        for signature in self._fleet.signatures():
             # Only GPUs with more free memory than the best so far can make a node better.
             frees = [(free, gpus) for (gpu_capabilities, free, _), gpus in signature
-                     if free > floor and capabilities <= gpu_capabilities]
+                     if free > floor and self._capabilities <= gpu_capabilities]
             found = _count_th_largest(frees, count)
             if found is not None:
-                if found >= ceiling:
+                if found >= self._ceiling:
                     return found
                 best = floor = found
         return best
-    domains: dict[str, list[tuple[float, int]]] = {}
-    for gpu in fleet.available():
-        if capabilities <= gpu.capabilities:
-            domains.setdefault(domain_of(gpu, locality), []).append((gpu.free_memory_gib, 1))
-    for frees in domains.values():
-        found = _count_th_largest(frees, count)
-        if found is not None and (best is None or found > best):
-            best = found
-    return best
+
+    def _by_domain(self) -> list[list[float]]:
+        if self._domains is None:
+            # `domain_of`'s domains, keyed without building its strings for every GPU.
+            domains: dict[object, list[float]] = {}
+            capabilities, locality = self._capabilities, self._locality
+            for gpu in self._fleet.available():
+                if capabilities <= gpu.capabilities:
+                    shared = (gpu.rack if locality is Locality.RACK
+                              else gpu.link_domain if locality is Locality.LINK_DOMAIN else "any")
+                    key = (True, shared) if shared else (False, gpu.node)
+                    frees = domains.get(key)
+                    if frees is None:
+                        domains[key] = [gpu.free_memory_gib]
+                    else:
+                        frees.append(gpu.free_memory_gib)
+            self._domains = [sorted(frees, reverse=True) for frees in domains.values()]
+        return self._domains
 
 
 def _count_th_largest(frees: list[tuple[float, int]], count: int) -> float | None:
@@ -114,6 +143,12 @@ def _count_th_largest(frees: list[tuple[float, int]], count: int) -> float | Non
         if seen >= count:
             return free
     return None  # unreachable: the total was at least `count`
+
+
+def groupable_gib(fleet: GroupedInventory, count: int, capabilities: frozenset[str],
+                  locality: Locality) -> float | None:
+    """`GroupOffers(fleet, capabilities, locality).most_for(count)`, for one count."""
+    return GroupOffers(fleet, capabilities, locality).most_for(count)
 
 
 def place_at_width(request: PlacementRequest, sizing: MemorySizing, fleet: GroupedInventory,
@@ -133,6 +168,8 @@ def place_at_width(request: PlacementRequest, sizing: MemorySizing, fleet: Group
             {"tensor_parallel": commanded}))
     tried: list[dict[str, object]] = []
     judged: list[tuple[int, MemoryAssessment, float, PlacementDecision | None]] = []
+    offers = GroupOffers(fleet, request.required_capabilities, request.locality,
+                         available_gib if available_gib is not None else math.inf)
     tp = 1
     while tp <= max_tensor_parallel:
         on_largest = sizing.assess(tp, largest_gib)
@@ -140,10 +177,9 @@ def place_at_width(request: PlacementRequest, sizing: MemorySizing, fleet: Group
         sized_on: float | None = None
         outcome, assessment, decision = EXCEEDS_LARGEST_GPU, on_largest, None
         if on_largest.fits:
-            outcome = TOO_FEW_GPUS
+            outcome = TOO_FEW_GPUS if available_gib is not None else NO_GPU_AVAILABLE
             if available_gib is not None:
-                sized_on = available_gib if tp == 1 else groupable_gib(
-                    fleet, tp, request.required_capabilities, request.locality, available_gib)
+                sized_on = available_gib if tp == 1 else offers.most_for(tp)
             if sized_on is not None:
                 assessment = on_largest if sized_on == largest_gib else sizing.assess(tp, sized_on)
                 if assessment.fits:
@@ -165,7 +201,8 @@ def place_at_width(request: PlacementRequest, sizing: MemorySizing, fleet: Group
             "layout_smallest_fitting", f"tensor parallel {tp} is the smallest power of two whose "
             "memory fits GPUs the placement can group", facts))
     # The refusal's GPU facts are judged at the first width only GPUs stopped, else the widest.
-    shown = next((i for i, t in enumerate(tried) if t["outcome"] == TOO_FEW_GPUS), -1)
+    shown = next((i for i, t in enumerate(tried)
+                  if t["outcome"] in (TOO_FEW_GPUS, NO_GPU_AVAILABLE)), -1)
     tp, assessment, sized_on_gib, decision = judged[shown]
     if decision is None:
         decision = place_grouped(replace(
@@ -183,7 +220,9 @@ def _why_not(tried: list[dict[str, object]], locality: Locality, largest_gib: fl
         width, group_gib = t["tensor_parallel"], t["largest_group_usable_gib"]
         why = (f"more than the largest GPU offers ({largest_gib:.2f} GiB)"
                if t["outcome"] == EXCEEDS_LARGEST_GPU
-               else f"but {domain} offers no {width} such GPUs" if group_gib is None
+               else "but no GPU can be taken (each is cordoned, reserved or lacks a required "
+               "capability)" if t["outcome"] == NO_GPU_AVAILABLE
+               else f"but {domain} offers fewer than {width} such GPUs" if group_gib is None
                else f"but {width} GPUs of {domain} offer at most {group_gib:.2f} GiB each")
         reasons.append(f"width {width} needs {t['required_gib_per_gpu']:.2f} GiB per GPU, {why}")
     return "; ".join(reasons)

@@ -9,7 +9,6 @@ An 80 GB GPU offers 72 usable GiB, a 40 GB one 36.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +23,7 @@ from controlplane.policies.placement_width import MemorySizing, groupable_gib, p
 from controlplane.state.gpu_index import GpuIndex
 from events.model import RecordedEvent
 from events.store import EventStore
-from tests.factories import place_replica, register_node
+from tests.factories import place_replica, register_model, register_node
 from tests.fleet_helpers import assert_replay_exact, decision, run
 
 pytestmark = pytest.mark.usefixtures("embedded_queue")
@@ -104,6 +103,20 @@ def test_a_fleet_where_no_width_places_is_refused_naming_why_each_width_was_not_
     group = next(r for r in refused.data["reasons"] if r["code"] == "no_feasible_group")
     assert (group["facts"]["gpus_required"], group["facts"]["domains_by_failure"]) == (
         4, {"locality": 2})
+    assert_replay_exact(store)
+
+
+def test_a_fleet_with_no_gpu_to_take_says_so_rather_than_counting_gpus_it_has(
+        store: EventStore) -> None:
+    """Every GPU cordoned: the refusal had said the node offered "no 1 such GPUs" (it has two)."""
+    run(store, register_node("x1", gpus=2, memory_gib=80.0), register_model(),
+        {"type": "CordonNode", "command_id": "cordon-x1", "node_id": "x1"},
+        place_replica("auto", tp=None))
+    refused = decision(store, "place-auto")
+    assert refused.event_type == "PlacementRefused"
+    assert {outcome for _, outcome in outcomes(refused)} == {"no_gpu_available"}
+    assert "no GPU can be taken" in layout(refused)["message"]
+    assert "offers no" not in layout(refused)["message"]
     assert_replay_exact(store)
 
 
@@ -212,7 +225,7 @@ def test_the_automatic_width_is_the_smallest_power_of_two_whose_need_a_group_of_
         offers = [sorted(frees, reverse=True)[tp - 1] for frees in eligible.values()
                   if len(frees) >= tp]
         offer = max(offers) if offers else None
-        assert groupable_gib(fleet, tp, capabilities, locality, math.inf) == offer
+        assert groupable_gib(fleet, tp, capabilities, locality) == offer
         # What a width was sized on is what `tp` GPUs of one domain offer, once memory let it.
         entry = next((t for t in tried if t["tensor_parallel"] == tp), None)
         if entry is not None and entry["outcome"] != "exceeds_largest_gpu":
