@@ -75,9 +75,13 @@ class RefuseExisting:
 
     def __call__(self, command: CommandBase, state: StateView) -> list[tuple[str, str]]:
         value = getattr(command, self.field)
-        if state.get(self.projection, value) is not None:
-            return [(self.field, f"{self.noun} {value!r} already exists")]
-        return []
+        row = state.get(self.projection, value)
+        if row is None:
+            return []
+        # A released replica keeps its row, and its id: say so, or "exists" reads as a bug.
+        status = f" ({row['state']}; an id is used once)" if isinstance(row.get("state"), str) \
+            else ""
+        return [(self.field, f"{self.noun} {value!r} already exists{status}")]
 
 
 def refuse_existing(projection: str, field: str, noun: str) -> RefuseExisting:

@@ -139,6 +139,16 @@ def test_a_second_creator_of_one_id_is_refused_whether_in_the_submission_or_pend
         accept(store, [second])
 
 
+def test_placing_a_released_replicas_id_again_is_refused_saying_it_was_released(
+        store: EventStore) -> None:
+    run(store, register_node("n1"), register_model(), place_replica("r1"),
+        {"type": "ReleaseReplica", "command_id": "release-r1", "replica_id": "r1"})
+    with pytest.raises(SubmissionRejected) as refused:
+        accept(store, [command_adapter.validate_python({**place_replica("r1"),
+                                                        "command_id": "again"})])
+    assert "(released; an id is used once)" in refused.value.problems[0].message
+
+
 def test_checking_a_submission_reads_its_rows_in_one_query_per_projection_not_per_command(
         store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each new replica id (and each reference) had been looked up alone, under the append
