@@ -106,7 +106,10 @@ def precheck(tx: LogTransaction, commands: Sequence[CommandBase],
     """Problems with `commands` against the fleet as it stands and as pending commands leave it."""
     if not any(c.references() or c.command_type in PRECHECKS for c in commands):
         return []
-    declared = {key for _, row in tx.projections.items(PENDING) for key in row.get("creates", [])}
+    # What undecided commands create: read (the whole pending table) only if a check needs it.
+    declared = {key for _, row in tx.projections.items(PENDING) for key in row.get("creates", [])} \
+        if any(c.references() or isinstance(PRECHECKS.get(c.command_type), RefuseExisting)
+               for c in commands) else set()
     # The rows the checks below read, in one query per projection rather than one per command.
     tx.projections.prefetch([*((ENTITY, key) for c in commands for _, key in c.references()),
                              *(check.key(c) for c in commands

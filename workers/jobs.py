@@ -15,7 +15,7 @@ from controlplane.errors import InputError
 from controlplane.runtime import store_for_process
 from controlplane.service import decide
 from controlplane.settings import MAX_BATCH_SIZE, Settings
-from workers.queue import enqueue_commands
+from workers.queue import RESUME, enqueue_commands
 
 log = structlog.get_logger(__name__)
 MAX_IDS_PER_JOB = MAX_BATCH_SIZE  # a job carries at most one batch (FLEET_BATCH_SIZE)
@@ -58,8 +58,8 @@ def decide_commands(command_ids: list[str]) -> dict[str, Any]:
             enqueue_commands(job.connection, settings, ids)
 
     def hand_off(ids: list[str]) -> None:
-        if job is not None:
-            enqueue_commands(job.connection, settings, ids, kind="resume")
+        assert job is not None
+        enqueue_commands(job.connection, settings, ids, kind=RESUME)
 
     store = store_for_process(settings)
     waited, held = store.lock_wait_seconds, store.lock_held_seconds
@@ -70,7 +70,7 @@ def decide_commands(command_ids: list[str]) -> dict[str, Any]:
         or settings.job_timeout_seconds
     outcomes = decide(store, command_ids, enqueue=enqueue_follow_ups,
                       effects_until=started + min(timeout / 2, EFFECTS_BUDGET_SECONDS),
-                      hand_off=hand_off)
+                      hand_off=hand_off if job is not None else None)
     decided_now = sum(1 for outcome in outcomes if outcome.decided_now)
     # How long the batch waited for the append lock and held it: other workers wait that long.
     bound.info("batch_decided", decided_now=decided_now, already_decided=len(outcomes) - decided_now,

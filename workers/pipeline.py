@@ -15,7 +15,7 @@ from controlplane.service import Outcome, accept, pending_command_ids, unfinishe
 from controlplane.settings import Settings
 from events.store import EventStore
 from workers.connections import connect, probe, queue_connection, redis_url_in_use
-from workers.queue import enqueue_commands
+from workers.queue import RESUME, command_queue, enqueue_commands
 from workers.runner import work
 
 
@@ -44,11 +44,22 @@ def _run_embedded_if_needed(settings: Settings, connection: Redis,
     return True
 
 
+def _resume_job_next(connection: Redis, queues: Sequence[str]) -> bool:
+    """Whether the next job of the first non-empty queue resumes handed-off calls."""
+    for name in queues:
+        head = connection.lindex(command_queue(connection, name).key, 0)
+        if head is not None:
+            job_id = head.decode() if isinstance(head, bytes) else str(head)
+            return job_id.startswith(f"{RESUME}-")
+    return False
+
+
 def _work_in_process(connection: Redis, queues: Sequence[str],
                      deadline: float | None = None) -> None:
     """Decide the queued jobs here; on SIGINT or SIGTERM, stop after the job in hand and raise
     KeyboardInterrupt (the undecided commands stay in the inbox). Past `deadline` it stops
-    after the job in hand too, and returns: the commands not decided stay in the inbox. A job
+    after the job in hand too (bar the jobs resuming calls handed off, at the queue's front),
+    and returns: the commands not decided stay in the inbox. A job
     that failed here (RQ keeps it for a retry) raises OperationalError naming the last failure
     once the queue is worked: it is not a timeout, and `reconcile` would not report it.
 
@@ -65,8 +76,13 @@ def _work_in_process(connection: Redis, queues: Sequence[str],
     failures: list[str] = []
 
     def stop_when() -> bool:
-        return bool(ours & signal.sigpending()) or (
-            deadline is not None and time.monotonic() >= deadline)
+        if ours & signal.sigpending():
+            return True
+        # Past the deadline, calls decided commands reserved and a job handed off are still
+        # made (their jobs wait at the front of the queue): left in this process's fake Redis,
+        # they would be lost with it, and their reservations' leases run.
+        return deadline is not None and time.monotonic() >= deadline \
+            and not _resume_job_next(connection, queues)
 
     try:
         work(connection, queues, burst=True, forking=False, stop_when=stop_when,

@@ -16,6 +16,8 @@ RETRY = Retry(max=3, interval=[1, 5, 30])
 # By dotted path: the job module imports this one to enqueue follow-up commands.
 DECIDE_JOB = "workers.jobs.decide_commands"
 REFUSE_JOB = "workers.jobs.refuse_job"
+# The kind of job that resumes decided commands' calls another job handed off.
+RESUME = "resume"
 
 
 def job_problem(job: Job) -> str | None:
@@ -57,8 +59,9 @@ def command_queue(connection: Redis, name: str | None = None) -> Queue:
 
 def batch_job_id(queue_name: str, command_ids: Sequence[str], kind: str = "decide") -> str:
     """A job id derived from the queue and the batch's command ids: re-enqueueing names one job.
-    `kind` "resume" names a job of decided commands whose effects another job handed off (never
-    the id of the job handing them off, which may carry the same ids)."""
+    `kind` `RESUME` names a job of decided commands whose effects another job handed off (never
+    the id of the job handing them off, which may carry the same ids); it is queued at the
+    front."""
     digest = hashlib.sha256("\n".join(command_ids).encode()).hexdigest()[:40]
     return f"{kind}-{queue_name}-{digest}"
 
@@ -74,7 +77,9 @@ def enqueue_commands(connection: Redis, settings: Settings, command_ids: Sequenc
             DECIDE_JOB, args=(batch,), job_id=batch_job_id(queue.name, batch, kind),
             timeout=settings.job_timeout_seconds, result_ttl=settings.result_ttl_seconds,
             failure_ttl=settings.failure_ttl_seconds, retry=RETRY,
-            description=f"decide {len(batch)} command(s)")
+            description=f"decide {len(batch)} command(s)",
+            # Calls handed off by a job go ahead of the queue: their reservations' leases run.
+            at_front=kind == RESUME)
         for batch in batches
     ]
     if not jobs:

@@ -207,7 +207,10 @@ RULES_VERSIONS: dict[str, int] = {
     #    GPU memory that many GPUs of one locality domain offer (a width the largest GPU fits
     #    but no domain can group is passed over), and `layout_none_fits` names why each width
     #    tried was not taken (`exceeds_largest_gpu` or `too_few_gpus`).
-    "PlaceReplica": 3,
+    # 4: a width refused because no GPU can be taken at all (every one cordoned, reserved or
+    #    without a required capability) says so (`no_gpu_available`), and a domain short of
+    #    GPUs "offers fewer than N such GPUs".
+    "PlaceReplica": 4,
     # 2: a replica becoming ready promotes the heads of its pool's admission queue.
     "MarkReplicaReady": 2,
 }

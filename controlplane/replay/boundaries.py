@@ -28,8 +28,10 @@ def _continues_unit(group: list[RecordedEvent], event: RecordedEvent) -> bool:
     (an operation completed and its budget settled): the same command's, appended together."""
     first = group[0]
     if first.event_type in OBSERVATIONS:
+        # One transaction's: the head it read is its own (the next one reads past its events);
+        # a clock that did not tick between two transactions would merge them.
         return (event.event_type in OBSERVATIONS and event.command_id == first.command_id
-                and event.recorded_at == first.recorded_at)
+                and event.data.get("read_position") == first.data.get("read_position"))
     return continues_decision(group, event)
 
 

@@ -23,6 +23,7 @@ from controlplane.replay.verify import verify_decisions
 from controlplane.runtime import open_store
 from controlplane.service import accept
 from controlplane.settings import Settings
+from events import transaction
 from events.canonical import canonical_json
 from events.model import StreamAppend
 from events.projections import load_all
@@ -253,6 +254,21 @@ def test_a_cut_inside_an_effects_observations_shows_the_state_before_them(
     before = state_at(store, completed.position - 1)
     operation = before.get("gateway_operation", "acme/k1")
     assert operation is not None and operation["state"] == "dispatching"
+
+
+def test_an_effects_transactions_are_told_apart_when_the_clock_does_not_tick(
+        gateway: GatewayDriver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mark is a transaction of its own before the call; grouped by their time, a clock that
+    did not tick had merged it with the outcome's, moving a cut at the mark back before it."""
+    frozen = transaction.wall_clock()
+    monkeypatch.setattr(transaction, "wall_clock", lambda: frozen)
+    gateway.send(dispatch("alice", "k1"))
+    store = gateway.store
+    marked = next(e for e in store.read_all() if e.event_type == "OperationDispatching")
+    completed = next(e for e in store.read_all() if e.event_type == "OperationCompleted")
+    assert marked.recorded_at == completed.recorded_at and completed.position == marked.position + 1
+    assert whole_decisions_cut(store, marked.position) == marked.position
+    assert whole_decisions_cut(store, completed.position) == marked.position
 
 
 def test_a_decision_longer_than_the_window_read_back_is_still_cut_whole(
