@@ -167,8 +167,10 @@ def fleets(draw: st.DrawFn) -> list[tuple[str, dict[str, Any]]]:
                           "resident_models": []}
                 for i in range(draw(st.sampled_from([1, 2, 3, 4, 8, 8])))}
         rows.append((f"n{node}", {"node_id": f"n{node}", "gpus": gpus,
-                                  "rack": draw(st.sampled_from(["rack-0", "rack-1"])),
-                                  "link_domain": "", "cordoned": draw(st.integers(0, 6)) == 0}))
+                                  # A blank rack or link domain is the node's own domain.
+                                  "rack": draw(st.sampled_from(["rack-0", "rack-1", ""])),
+                                  "link_domain": draw(st.sampled_from(["", "nvl-0", "nvl-1"])),
+                                  "cordoned": draw(st.integers(0, 6)) == 0}))
     return rows
 
 
@@ -190,7 +192,8 @@ def row(node_id: str, gpus: int, memory_gib: float) -> tuple[str, dict[str, Any]
 @given(rows=fleets(), parameters=st.one_of(st.sampled_from([50_000_000_000, 110_000_000_000]),
                                   st.integers(30_000_000_000, 150_000_000_000)),
        capabilities=st.sampled_from([frozenset(), frozenset({"fp8"})]),
-       locality=st.sampled_from([Locality.NODE, Locality.NODE, Locality.RACK, Locality.ANY]),
+       locality=st.sampled_from([Locality.NODE, Locality.NODE, Locality.RACK,
+                                 Locality.LINK_DOMAIN, Locality.ANY]),
        max_tensor_parallel=st.sampled_from([2, 8, 8, 16]))
 def test_the_automatic_width_is_the_smallest_power_of_two_whose_need_a_group_of_gpus_meets(
         rows: list[tuple[str, dict[str, Any]]], parameters: int, capabilities: frozenset[str],
