@@ -25,7 +25,7 @@ from controlplane.service import accept
 from controlplane.settings import Settings
 from events import transaction
 from events.canonical import canonical_json
-from events.model import StreamAppend
+from events.model import RecordedEvent, StreamAppend
 from events.projections import load_all
 from events.store import EventStore
 from tests.cli_helpers import run_cli
@@ -218,16 +218,24 @@ def test_rederived_decisions_are_compared_as_canonical_json(store: EventStore) -
     assert [(d.command_id, d.changed_fields) for d in drifts] == [("typed", ["result"])]
 
 
+def cut_moves_back_from_inside(store: EventStore, first_type: str,
+                               second_type: str) -> tuple[RecordedEvent, RecordedEvent]:
+    """The first events of the two types, adjacent in one transaction: a cut at the first moves
+    back before it, a cut at the second stays."""
+    first = next(e for e in store.read_all() if e.event_type == first_type)
+    second = next(e for e in store.read_all() if e.event_type == second_type)
+    assert second.position == first.position + 1
+    assert whole_decisions_cut(store, first.position) == first.position - 1
+    assert whole_decisions_cut(store, second.position) == second.position
+    return first, second
+
+
 def test_a_cut_inside_a_decision_shows_the_state_before_it_never_a_half_applied_one(
         store: EventStore) -> None:
     # A placement appends ReplicaPlaced and GpusReserved in one transaction: folded to the
     # first alone, the replica was warming on a GPU that still counted as free.
     run(store, register_node("n1", gpus=2), register_model(), place_replica("r1"))
-    placed = next(e for e in store.read_all() if e.event_type == "ReplicaPlaced")
-    reserved = next(e for e in store.read_all() if e.event_type == "GpusReserved")
-    assert reserved.position == placed.position + 1
-    assert whole_decisions_cut(store, placed.position) == placed.position - 1
-    assert whole_decisions_cut(store, reserved.position) == reserved.position
+    placed, reserved = cut_moves_back_from_inside(store, "ReplicaPlaced", "GpusReserved")
     cut = json.loads(run_cli("replay", "--to", str(placed.position), "--json").output)
     assert (cut["position"], cut["requested_position"]) == (placed.position - 1, placed.position)
     assert "r1" not in cut["state"].get("replica", {})
@@ -244,11 +252,7 @@ def test_a_cut_inside_an_effects_observations_shows_the_state_before_them(
     the first alone, the operation was completed with its grant still reserved."""
     gateway.send(dispatch("alice", "k1"))
     store = gateway.store
-    completed = next(e for e in store.read_all() if e.event_type == "OperationCompleted")
-    settled = next(e for e in store.read_all() if e.event_type == "BudgetSettled")
-    assert settled.position == completed.position + 1
-    assert whole_decisions_cut(store, completed.position) == completed.position - 1
-    assert whole_decisions_cut(store, settled.position) == settled.position
+    completed, _ = cut_moves_back_from_inside(store, "OperationCompleted", "BudgetSettled")
     status = json.loads(run_cli("status", "--at", str(completed.position), "--json").output)
     assert status["position"] == completed.position - 1
     before = state_at(store, completed.position - 1)
