@@ -24,7 +24,7 @@ from controlplane.settings import Settings
 from events.store import EventStore
 from tests.e2e.test_worker_killed import decision_counts, worker_process
 from tests.factories import assess_memory
-from workers.processes import descendants
+from workers.processes import descendants, kill_process_tree
 from workers.queue import command_queue, enqueue_commands
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,9 @@ def serving_worker(real_redis: Redis) -> Iterator[subprocess.Popen[bytes]]:
             time.sleep(0.02)
         yield worker
     finally:
-        os.killpg(worker.pid, signal.SIGKILL)
+        # With its work horse (a process group of its own): one left running wrote its job's
+        # counts to Redis after the test's keys were removed, leaving keys that never expire.
+        kill_process_tree(worker.pid)
         worker.wait(timeout=10)
 
 
