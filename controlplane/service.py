@@ -106,26 +106,23 @@ def precheck(tx: LogTransaction, commands: Sequence[CommandBase],
     """Problems with `commands` against the fleet as it stands and as pending commands leave it."""
     if not any(c.references() or c.command_type in PRECHECKS for c in commands):
         return []
+    checks = [PRECHECKS.get(c.command_type) for c in commands]
+    creators = [(c, check) for c, check in zip(commands, checks, strict=True)
+                if isinstance(check, RefuseExisting)]
+    references = [(ENTITY, key) for c in commands for _, key in c.references()]
     # What undecided commands create: read (the whole pending table) only if a check needs it.
     declared = {key for _, row in tx.projections.items(PENDING) for key in row.get("creates", [])} \
-        if any(c.references() or isinstance(PRECHECKS.get(c.command_type), RefuseExisting)
-               for c in commands) else set()
+        if references or creators else set()
     # The rows the checks below read, in one query per projection rather than one per command.
-    tx.projections.prefetch([*((ENTITY, key) for c in commands for _, key in c.references()),
-                             *(check.key(c) for c in commands
-                               if isinstance(check := PRECHECKS.get(c.command_type),
-                                             RefuseExisting))])
+    tx.projections.prefetch([*references, *(check.key(c) for c, check in creators)])
     problems = []
-    for line, command in zip(lines, commands, strict=True):
+    for line, command, check in zip(lines, commands, checks, strict=True):
         for field, key in command.references():
             if key not in declared and tx.projections.get(ENTITY, key) is None:
                 kind, _, name = key.partition("/")
                 problems.append(FieldProblem(line, field, f"unknown {kind} {name!r}"))
-        check = PRECHECKS.get(command.command_type)
         if isinstance(check, RefuseExisting) and check.entity(command) in declared:
-            problems.append(FieldProblem(line, check.field, f"{check.noun} "
-                                         f"{getattr(command, check.field)!r} is created by an "
-                                         "earlier line or by a command not yet decided"))
+            problems.append(FieldProblem(line, *check.created_meanwhile(command)))
         elif check is not None:
             problems.extend(FieldProblem(line, field, message)
                             for field, message in check(command, tx.projections))
@@ -210,18 +207,18 @@ def _prepare(store: EventStore, connection: Connection,
 
 
 def run_effects(store: EventStore, outcomes: Sequence[Outcome], until: float | None = None,
-                hand_off: Enqueue | None = None) -> list[str]:
+                hand_off: Enqueue | None = None) -> None:
     """Run the outside effects of events this call committed, never on a replay; and, for a
     command delivered again after it was decided, those `RESUMABLE` (each acts at most once by
     itself: a worker that died after committing a decision had left them undone).
 
     Effects run one after another (a gateway call each). Once `time.monotonic()` reaches
     `until`, and at least one has run, the commands whose resumable effects have not started
-    are passed to `hand_off` (enqueued again: delivered again, a command resumes them) and
-    their ids returned: a batch of slow calls had run past its job's timeout, the timeout
-    recorded a healthy call as an unknown outcome, and calls late in the batch found their
-    reservation's lease run out. An effect that cannot be resumed always runs here."""
-    handed: list[str] = []
+    are passed to `hand_off` (enqueued again: delivered again, a command resumes them): a batch
+    of slow calls had run past its job's timeout, the timeout recorded a healthy call as an
+    unknown outcome, and calls late in the batch found their reservation's lease run out. An
+    effect that cannot be resumed always runs here."""
+    handed: dict[str, None] = {}  # in order, each command once
     ran = 0
     for outcome in outcomes:
         for event in outcome.events:
@@ -231,15 +228,13 @@ def run_effects(store: EventStore, outcomes: Sequence[Outcome], until: float | N
                 continue
             if resumable and hand_off is not None and until is not None and ran \
                     and (handed or time.monotonic() >= until):
-                if outcome.command_id not in handed:
-                    handed.append(outcome.command_id)
+                handed[outcome.command_id] = None
                 continue
             effect(store, event)
             ran += 1
     if handed and hand_off is not None:
         log.info("effects_handed_off", commands=len(handed), ran=ran)
-        hand_off(handed)
-    return handed
+        hand_off(list(handed))
 
 
 def unfinished_command_ids(store: EventStore) -> list[str]:

@@ -66,8 +66,7 @@ def decide_commands(command_ids: list[str]) -> dict[str, Any]:
     # Outside calls (the gateway's) run one after another: past half the job's timeout, or a
     # minute, the rest go to a job of their own, so none is cut off by the timeout, waits out
     # its reservation's lease behind the others, or keeps idle workers from sharing them.
-    timeout = (job.timeout if job is not None and job.timeout else None) \
-        or settings.job_timeout_seconds
+    timeout = (job.timeout if job is not None else None) or settings.job_timeout_seconds
     outcomes = decide(store, command_ids, enqueue=enqueue_follow_ups,
                       effects_until=started + min(timeout / 2, EFFECTS_BUDGET_SECONDS),
                       hand_off=hand_off if job is not None else None)

@@ -15,7 +15,7 @@ from controlplane.service import Outcome, accept, pending_command_ids, unfinishe
 from controlplane.settings import Settings
 from events.store import EventStore
 from workers.connections import connect, probe, queue_connection, redis_url_in_use
-from workers.queue import RESUME, command_queue, enqueue_commands
+from workers.queue import command_queue, enqueue_commands, resumes
 from workers.runner import work
 
 
@@ -50,7 +50,7 @@ def _resume_job_next(connection: Redis, queues: Sequence[str]) -> bool:
         head = connection.lindex(command_queue(connection, name).key, 0)
         if head is not None:
             job_id = head.decode() if isinstance(head, bytes) else str(head)
-            return job_id.startswith(f"{RESUME}-")
+            return resumes(job_id)
     return False
 
 

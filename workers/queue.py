@@ -66,6 +66,11 @@ def batch_job_id(queue_name: str, command_ids: Sequence[str], kind: str = "decid
     return f"{kind}-{queue_name}-{digest}"
 
 
+def resumes(job_id: str) -> bool:
+    """Whether `job_id` names a job resuming calls another job handed off (`batch_job_id`)."""
+    return job_id.startswith(f"{RESUME}-")
+
+
 def enqueue_commands(connection: Redis, settings: Settings, command_ids: Sequence[str],
                      kind: str = "decide") -> list[str]:
     """Enqueue `command_ids` in batches of `settings.batch_size`; returns the job ids."""

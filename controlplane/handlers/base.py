@@ -73,6 +73,11 @@ class RefuseExisting:
     def entity(self, command: CommandBase) -> str:
         return f"{self.noun}/{getattr(command, self.field)}"
 
+    def created_meanwhile(self, command: CommandBase) -> tuple[str, str]:
+        """The problem when an earlier line or an undecided command creates the entity."""
+        return self.field, (f"{self.noun} {getattr(command, self.field)!r} is created by an "
+                            "earlier line or by a command not yet decided")
+
     def __call__(self, command: CommandBase, state: StateView) -> list[tuple[str, str]]:
         value = getattr(command, self.field)
         row = state.get(self.projection, value)
@@ -83,7 +88,3 @@ class RefuseExisting:
             else ""
         return [(self.field, f"{self.noun} {value!r} already exists{status}")]
 
-
-def refuse_existing(projection: str, field: str, noun: str) -> RefuseExisting:
-    """See `RefuseExisting`."""
-    return RefuseExisting(projection, field, noun)

@@ -20,7 +20,7 @@ from controlplane.decisions import (
 )
 from controlplane.errors import InputError
 from controlplane.handlers.admission_promotion import promote_on_policy
-from controlplane.handlers.base import Handler, Precheck, Streams, refuse_existing
+from controlplane.handlers.base import Handler, Precheck, RefuseExisting, Streams
 from controlplane.handlers.placement import release_events
 from controlplane.policies.memory import ModelMemory
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
@@ -218,6 +218,6 @@ RULES_VERSIONS: dict[str, int] = {
 }
 PRECHECKS: dict[str, Precheck] = {
     "SetPolicy": precheck_set_policy,
-    "RegisterNode": refuse_existing(NODE, "node_id", "node"),
-    "RegisterModel": refuse_existing(MODEL, "model_id", "model"),
+    "RegisterNode": RefuseExisting(NODE, "node_id", "node"),
+    "RegisterModel": RefuseExisting(MODEL, "model_id", "model"),
 }

@@ -14,7 +14,7 @@ from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import MarkReplicaReady, PlaceReplica, ReleaseReplica
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
 from controlplane.handlers.admission_promotion import promote_on_ready
-from controlplane.handlers.base import Handler, Precheck, Reads, Warm, refuse_existing
+from controlplane.handlers.base import Handler, Precheck, Reads, RefuseExisting, Warm
 from controlplane.policies.memory import ModelMemory
 from controlplane.policies.placement import GPU, Locality, PlacementRequest
 from controlplane.policies.placement_width import MemorySizing, place_at_width
@@ -198,7 +198,7 @@ HANDLERS: dict[str, Handler] = {
 # A replica id is placed once (a released replica keeps its row): another placement under it
 # is refused at submit; one accepted with it, or before it was placed, is a recorded rejection.
 PRECHECKS: dict[str, Precheck] = {
-    "PlaceReplica": refuse_existing(REPLICA, "replica_id", "replica")}
+    "PlaceReplica": RefuseExisting(REPLICA, "replica_id", "replica")}
 # Versions of the decision rules, each with what changed (see `handlers/base.py`).
 RULES_VERSIONS: dict[str, int] = {
     # 2: the automatic tensor-parallel width is sized on the GPUs the placement could take; a

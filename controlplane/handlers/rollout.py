@@ -24,7 +24,7 @@ from controlplane.decisions import (
     new_event,
     rejection,
 )
-from controlplane.handlers.base import Handler, Precheck, Streams, refuse_existing
+from controlplane.handlers.base import Handler, Precheck, RefuseExisting, Streams
 from controlplane.policies.quantization import (
     QuantizationAction,
     QuantizationMeasurement,
@@ -259,7 +259,7 @@ HANDLERS: dict[str, Handler] = {
     "EvaluateCanary": handle_evaluate_canary,
 }
 PRECHECKS: dict[str, Precheck] = {
-    "StartRollout": refuse_existing(ROLLOUT, "rollout_id", "rollout")}
+    "StartRollout": RefuseExisting(ROLLOUT, "rollout_id", "rollout")}
 # Versions of the decision rules, each with what changed (see `handlers/base.py`).
 RULES_VERSIONS: dict[str, int] = {
     # 2: a canary rung is cleared only by evidence measured on it.

@@ -145,12 +145,6 @@ def _count_th_largest(frees: list[tuple[float, int]], count: int) -> float | Non
     return None  # unreachable: the total was at least `count`
 
 
-def groupable_gib(fleet: GroupedInventory, count: int, capabilities: frozenset[str],
-                  locality: Locality) -> float | None:
-    """`GroupOffers(fleet, capabilities, locality).most_for(count)`, for one count."""
-    return GroupOffers(fleet, capabilities, locality).most_for(count)
-
-
 def place_at_width(request: PlacementRequest, sizing: MemorySizing, fleet: GroupedInventory,
                    commanded: int | None, available_gib: float | None, largest_gib: float,
                    max_tensor_parallel: int) -> WidthDecision:

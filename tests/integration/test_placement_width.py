@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from controlplane.policies import placement
 from controlplane.policies.memory import ModelMemory
 from controlplane.policies.placement import Locality, PlacementRequest, domain_of
-from controlplane.policies.placement_width import MemorySizing, groupable_gib, place_at_width
+from controlplane.policies.placement_width import GroupOffers, MemorySizing, place_at_width
 from controlplane.state.gpu_index import GpuIndex
 from events.model import RecordedEvent
 from events.store import EventStore
@@ -228,7 +228,7 @@ def test_the_automatic_width_is_the_smallest_power_of_two_whose_need_a_group_of_
         offers = [sorted(frees, reverse=True)[tp - 1] for frees in eligible.values()
                   if len(frees) >= tp]
         offer = max(offers) if offers else None
-        assert groupable_gib(fleet, tp, capabilities, locality) == offer
+        assert GroupOffers(fleet, capabilities, locality).most_for(tp) == offer
         # What a width was sized on is what `tp` GPUs of one domain offer, once memory let it.
         entry = next((t for t in tried if t["tensor_parallel"] == tp), None)
         if entry is not None and entry["outcome"] != "exceeds_largest_gpu":
