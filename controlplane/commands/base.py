@@ -68,6 +68,10 @@ class CommandBase(Frozen):
     # Fields that do not tell two commands under one id apart (`service.accept` compares the
     # rest of those either sets): ones whose meaning another field already pins.
     IDENTITY_IGNORES: ClassVar[frozenset[str]] = frozenset()
+    # Fields added after logs were written, left out of the payload while at their default: a
+    # command that does not use one records the payload it always did, so the decisions of
+    # logs written before it re-derive unchanged (their recorded inputs hold that payload).
+    OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ()
 
     command_id: CommandId = Field(default_factory=lambda: str(uuid.uuid4()))
     at: datetime = Field(default_factory=lambda: datetime.now(UTC))
@@ -108,6 +112,10 @@ class CommandBase(Frozen):
 
     def payload(self) -> dict[str, Any]:
         """The command as plain JSON data, exactly as it is recorded in the inbox."""
-        return self.model_dump(mode="json")
+        data = self.model_dump(mode="json")
+        for name in self.OMITTED_AT_DEFAULT:
+            if data[name] == type(self).model_fields[name].default:
+                del data[name]
+        return data
 
 

@@ -126,9 +126,13 @@ class RegisterProfile(CommandBase):
 
     Its output maximum and input limit each leave at least one token of the context window to the
     other, so some request can fit (the input limit defaults to the window minus one, spec §5.1).
+    `token_counting` is how its requests' input tokens are counted
+    (`controlplane.policies.gateway.TokenCounting`): the spec's whitespace words by default, or
+    `utf8_bytes`, an upper bound no input's text can undercut.
     """
 
     type: Literal["RegisterProfile"] = "RegisterProfile"
+    OMITTED_AT_DEFAULT = ("token_counting",)
     profile_id: Name
     model_id: Name
     digest: Digest
@@ -139,6 +143,7 @@ class RegisterProfile(CommandBase):
     capabilities: Annotated[list[Capability], Field(max_length=64)] = ["text"]
     approved_providers: Annotated[list[Name], Field(max_length=64)] = []
     memory: ModelMemorySpec | None = None
+    token_counting: Literal["whitespace_words", "utf8_bytes"] = "whitespace_words"
 
     @field_validator("capabilities", "approved_providers")
     @classmethod

@@ -20,6 +20,7 @@ from controlplane.policies.gateway import (
     Source,
     SourceRef,
     Tenant,
+    TokenCounting,
 )
 from controlplane.policies.gateway_admission import GatewayView
 from controlplane.policies.gateway_budget import BudgetAccess, BudgetState
@@ -77,7 +78,9 @@ def _profile(profile_id: str, row: dict[str, Any]) -> Profile:
         max_output_tokens=row["max_output_tokens"], capabilities=frozenset(row["capabilities"]),
         approved_providers=frozenset(row["approved_providers"]),
         input_limit_tokens=row.get("input_limit_tokens"),
-        memory=ModelMemory(**memory) if memory else None)
+        memory=ModelMemory(**memory) if memory else None,
+        # A profile recorded before counting rules existed counts as it always did.
+        token_counting=TokenCounting(row.get("token_counting", TokenCounting.WHITESPACE_WORDS)))
 
 
 def profiles_of(state: StateView) -> dict[str, Profile]:

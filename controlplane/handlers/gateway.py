@@ -41,6 +41,7 @@ from controlplane.policies.gateway import (
     OperationState,
     SourceRef,
     StepVerdict,
+    TokenCounting,
     count_input_tokens,
 )
 from controlplane.policies.gateway_admission import Admission, admit, step_summary
@@ -73,11 +74,12 @@ def request_of(command: Dispatch) -> DispatchRequest:
 
 
 def _inputs(command: Dispatch, request_fingerprint: str) -> dict[str, Any]:
-    # Never the prompt itself: its digest and size identify it (spec §3.2 audit rule).
+    # Never the prompt itself: its digest and size identify it (spec §3.2 audit rule). The size
+    # is in whitespace words whatever the profile (Bound's facts give the profile's own count).
     return {"tenant": command.tenant, "principal_id": command.principal_id,
             "idempotency_key": command.idempotency_key, "pointer_name": command.pointer_name,
             "input_sha256": hashlib.sha256(command.input.encode("utf-8")).hexdigest(),
-            "input_tokens": count_input_tokens(command.input),
+            "input_tokens": count_input_tokens(command.input, TokenCounting.WHITESPACE_WORDS),
             "max_output_tokens": command.max_output_tokens,
             "capabilities_requested": sorted(command.capabilities_requested),
             "network_preference": command.network_preference,

@@ -33,6 +33,7 @@ from controlplane.commands.gateway import (
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
 from controlplane.gateway.world import budget_access_of, budget_of, tenants_drawing_on
 from controlplane.handlers.base import Handler, Precheck
+from controlplane.policies.gateway import TokenCounting
 from controlplane.policies.gateway_budget import reconfigure
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.state import gateway as gw
@@ -191,6 +192,8 @@ def handle_register_profile(command: CommandBase, ctx: DecisionContext) -> list[
     record = command.model_dump(mode="json", include={
         "profile_id", "model_id", "digest", "approved", "context_window_tokens",
         "max_output_tokens", "input_limit_tokens", "memory"})
+    if command.token_counting != TokenCounting.WHITESPACE_WORDS.value:  # the default is not written,
+        record["token_counting"] = command.token_counting  # so records made before it stay
     record.update(capabilities=sorted(command.capabilities),
                   approved_providers=sorted(command.approved_providers))
     return _record(command, ctx, "profile", command.profile_id, gw.PROFILE_REGISTERED, record,

@@ -41,6 +41,23 @@ class Step(StrEnum):
     REPLAY = "replay"
 
 
+class TokenCounting(StrEnum):
+    """How a profile counts a request's input tokens (spec §5.1 step 5: a deterministic stand-in
+    in the lab, the profile's tokenizer in production).
+
+    `whitespace_words` is the spec's stand-in and the default: it reproduces the reference
+    figures, but a long input without spaces counts as one token. `utf8_bytes` counts one token
+    per byte of the input's UTF-8 encoding: no byte-level BPE tokenizer (GPT-2, Llama 3 and
+    Qwen style) makes more tokens than bytes, so the budget grant and the context-window check
+    can never be undercut by the input's text; it counts about four times the tokens of English
+    prose, and a chat template's special tokens, or a SentencePiece tokenizer's added prefix
+    space, are not in it.
+    """
+
+    WHITESPACE_WORDS = "whitespace_words"
+    UTF8_BYTES = "utf8_bytes"
+
+
 class AdapterKind(StrEnum):
     HOSTED = "hosted"
     SELF_HOSTED = "self_hosted"
@@ -125,7 +142,8 @@ class ReleasePointer:
 
 @dataclass(frozen=True)
 class Profile:
-    """A trusted profile; `input_limit_tokens` None means the context window minus one."""
+    """A trusted profile; `input_limit_tokens` None means the context window minus one.
+    `token_counting` is the rule its requests' input tokens are counted by."""
 
     profile_id: str
     model_id: str
@@ -137,6 +155,7 @@ class Profile:
     approved_providers: frozenset[str]
     input_limit_tokens: int | None = None
     memory: ModelMemory | None = None
+    token_counting: TokenCounting = TokenCounting.WHITESPACE_WORDS
 
     @property
     def effective_input_limit_tokens(self) -> int:
@@ -231,6 +250,8 @@ def lease_expired(logical_seconds: float | None, wall_seconds: float | None,
     return wall_seconds is None or wall_seconds >= lease_seconds
 
 
-def count_input_tokens(input_text: str) -> int:
-    """Tokens under the stand-in counting rule: whitespace-separated words (spec §5.1 step 5)."""
+def count_input_tokens(input_text: str, rule: TokenCounting) -> int:
+    """The input's tokens under `rule` (see `TokenCounting`)."""
+    if rule is TokenCounting.UTF8_BYTES:
+        return len(input_text.encode("utf-8"))
     return len(input_text.split())

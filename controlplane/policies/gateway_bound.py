@@ -18,6 +18,7 @@ from controlplane.policies.gateway import (
     Step,
     StepVerdict,
     Tenant,
+    TokenCounting,
     allow,
     count_input_tokens,
     deny,
@@ -41,12 +42,20 @@ class Bounds:
         return self.input_tokens + self.max_output_tokens
 
 
+def _counted_by(profile: Profile) -> dict[str, str]:
+    """The counting rule among a verdict's facts when it is not the spec's stand-in (whose
+    records predate the choice and stay as they were)."""
+    if profile.token_counting is TokenCounting.WHITESPACE_WORDS:
+        return {}
+    return {"token_counting": profile.token_counting.value}
+
+
 def bound_request(request: DispatchRequest, profile: Profile, tenant: Tenant) -> Bounds:
     """Decide the envelope for `request` under `profile` and `tenant`; deny every limit it breaks."""
     require(request.max_output_tokens is None or request.max_output_tokens > 0,
             "max_output_tokens_not_positive", "max_output_tokens",
             "max_output_tokens must be positive when given")
-    input_tokens = count_input_tokens(request.input_text)
+    input_tokens = count_input_tokens(request.input_text, profile.token_counting)
     output_tokens = (request.max_output_tokens if request.max_output_tokens is not None
                      else profile.max_output_tokens)
     policy = effective_network_policy(tenant.network_policy, request.network_preference)
@@ -54,7 +63,8 @@ def bound_request(request: DispatchRequest, profile: Profile, tenant: Tenant) ->
     reasons: list[Reason] = []
     if input_tokens > input_limit:
         reasons.append(Reason("input_too_large", "the input exceeds the profile's input limit",
-                              {"input_tokens": input_tokens, "limit_tokens": input_limit}))
+                              {"input_tokens": input_tokens, "limit_tokens": input_limit,
+                               **_counted_by(profile)}))
     if output_tokens > profile.max_output_tokens:
         reasons.append(Reason("output_limit_exceeded", "requested output exceeds the profile maximum",
                               {"max_output_tokens": output_tokens,
@@ -81,5 +91,5 @@ def bound_request(request: DispatchRequest, profile: Profile, tenant: Tenant) ->
     else:
         verdict = allow(Step.BOUND, "within_bounds", "the request fits the profile's envelope",
                         input_tokens=input_tokens, max_output_tokens=output_tokens,
-                        network_policy=policy.value)
+                        network_policy=policy.value, **_counted_by(profile))
     return Bounds(verdict, input_tokens, output_tokens, policy)
