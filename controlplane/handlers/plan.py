@@ -169,7 +169,10 @@ RULES_VERSIONS: dict[str, int] = {
     # 4: the memory stage sizes pipeline weights by the largest stage (ceil(layers / pp)
     #    layers), not the average: a pp that does not divide the layers needs more per GPU;
     #    the placement stage names a duplicate GPU id before a bad free memory (spec 1.9).
-    "DecidePlanStage": 4,
+    # 5: a refused placement on an inventory shaped unlike the scenario's topology (its node
+    #    count, or GPUs on a node) adds `inventory_differs_from_topology`, and the placement
+    #    stage's recorded inputs include the topology it compares.
+    "DecidePlanStage": 5,
 }
 HANDLERS: dict[str, Handler] = {
     "PlanFleet": handle_plan_fleet,

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from controlplane.policies.fleet_plan_scenario import PlacementMode
+from controlplane.policies.parallelism import ClusterTopology
 from controlplane.policies.placement import (
     GPU,
     Locality,
@@ -99,3 +100,24 @@ def placement_not_requested(*, mode: PlacementMode, requested_replicas: int,
                     {"placement_mode": mode.value, "requested_replicas": requested_replicas,
                      **layout_facts})
     return FleetPlacement(False, mode, requested_replicas, 0, (), (), (reason,))
+
+
+def inventory_shape_reason(topology: ClusterTopology, inventory: Sequence[GPU]) -> Reason | None:
+    """Why a refused placement may not be the layout's fault: the layout was sized for the
+    scenario's declared topology, and the inventory has another shape (a node count, or GPUs on
+    some node, that differ). None when the shapes agree."""
+    per_node: dict[str, int] = {}
+    for gpu in inventory:
+        per_node[gpu.node] = per_node.get(gpu.node, 0) + 1
+    sizes = sorted(set(per_node.values()))
+    if len(per_node) == topology.nodes and sizes == [topology.gpus_per_node]:
+        return None
+    shown = "no" if not sizes else str(sizes[0]) if len(sizes) == 1 \
+        else f"{sizes[0]} to {sizes[-1]}"
+    return Reason("inventory_differs_from_topology",
+                  f"the layout was sized for {topology.nodes} nodes of {topology.gpus_per_node} "
+                  f"GPUs, but the inventory has {len(per_node)} nodes of {shown} "
+                  f"GPU{'' if sizes == [1] else 's'}",
+                  {"topology_nodes": topology.nodes,
+                   "topology_gpus_per_node": topology.gpus_per_node,
+                   "inventory_nodes": len(per_node), "inventory_gpus_per_node": sizes})

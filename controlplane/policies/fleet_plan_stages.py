@@ -32,7 +32,11 @@ from controlplane.policies.autoscaling import (
 from controlplane.policies.capacity import plan_capacity
 from controlplane.policies.fleet_plan_evidence import Results, grade_plan, layout_mismatch_reason
 from controlplane.policies.fleet_plan_parse import check_scenario, relocate_error
-from controlplane.policies.fleet_plan_placement import place_fleet, placement_not_requested
+from controlplane.policies.fleet_plan_placement import (
+    inventory_shape_reason,
+    place_fleet,
+    placement_not_requested,
+)
 from controlplane.policies.fleet_plan_scenario import (
     AdmissionBudgetMode,
     AdmissionProbe,
@@ -64,7 +68,7 @@ STAGE_POLICY_FIELDS: dict[str, tuple[str, ...]] = {
 STAGE_INPUT_FIELDS: dict[str, tuple[str, ...]] = {
     "capacity": ("workloads", "benchmark"), "memory": ("model_memory", "deployment_memory"),
     "layout": ("model_memory", "deployment_memory", "topology"),
-    "placement": ("inventory", "candidate_release", "deployment_memory"),
+    "placement": ("inventory", "candidate_release", "deployment_memory", "topology"),
     "admission": ("deployment_memory", "benign_probe", "oversize_probe",
                   "test_stimulus_admission_overrides"),
     "scaling": ("evaluated_at_seconds",),
@@ -122,7 +126,9 @@ def layout_stage(scenario: Scenario, upstream: Results) -> Plain:
 
 def placement_stage(scenario: Scenario, upstream: Results) -> Plain:
     """GPU groups for the layout at the memory plan's per-GPU requirement; nothing is requested
-    for a layout the memory plan does not cover (bug 7: never a convenient fallback shape)."""
+    for a layout the memory plan does not cover (bug 7: never a convenient fallback shape). A
+    refusal on an inventory shaped unlike the declared topology the layout was sized for says
+    so (`inventory_differs_from_topology`)."""
     mode = scenario.placement_mode
     layout = upstream["layout"]
     requested = (1 if mode is PlacementMode.REFERENCE_SINGLE
@@ -139,6 +145,10 @@ def placement_stage(scenario: Scenario, upstream: Results) -> Plain:
                         memory_gib_per_gpu=upstream["memory"]["required_gib_per_gpu"],
                         required_capabilities=scenario.required_capabilities,
                         inventory=scenario.inventory, requested_replicas=requested, mode=mode)
+    shape = None if placement.placed else inventory_shape_reason(scenario.topology,
+                                                                 scenario.inventory)
+    if shape is not None:
+        placement = replace(placement, reasons=(*placement.reasons, shape))
     result: Plain = to_plain(placement)
     return result
 

@@ -600,3 +600,21 @@ def test_an_override_must_name_a_probe() -> None:
         scenario_from_plain(plain)
     assert (caught.value.code, caught.value.field) == (
         "admission_override_unknown_request", "test_stimulus_admission_overrides[0].request_id")
+
+
+def test_a_placement_refused_on_an_inventory_unlike_the_declared_topology_says_so() -> None:
+    """The layout is sized on the scenario's topology (2 nodes of 4 GPUs: tensor parallel 2 in
+    a node); eight one-GPU nodes cannot hold that group, and the refusal names the mismatch."""
+    scenario = default_scenario()
+    single = tuple(replace(gpu, node=f"solo-{index}")
+                   for index, gpu in enumerate(scenario.inventory))
+    placement = run_plan(replace(scenario, inventory=single)).decisions.placement
+    assert placement.placed is False
+    assert codes(placement.reasons)[-1] == "inventory_differs_from_topology"
+    assert placement.reasons[-1].facts == {
+        "topology_nodes": 2, "topology_gpus_per_node": 4, "inventory_nodes": 8,
+        "inventory_gpus_per_node": [1]}
+    assert "8 nodes of 1 GPU" in placement.reasons[-1].message
+    # The reference inventory has the topology's shape: its refusals add nothing (see above).
+    assert "inventory_differs_from_topology" not in codes(
+        run_plan(load("inventory-30gib")).decisions.placement.reasons)
