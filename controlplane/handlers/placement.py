@@ -16,8 +16,8 @@ from controlplane.decisions import DecisionContext, append_to, decision_data, ne
 from controlplane.handlers.admission_promotion import promote_on_ready
 from controlplane.handlers.base import Handler, Precheck, Reads, RefuseExisting, Warm
 from controlplane.policies.memory import ModelMemory
-from controlplane.policies.placement import GPU, Locality, PlacementRequest
-from controlplane.policies.placement_width import MemorySizing, place_at_width
+from controlplane.policies.placement import GPU, Locality
+from controlplane.policies.placement_width import MemorySizing, ReplicaShape, place_at_width
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.policy_book import PolicyBook, PolicyInForce
 from controlplane.state.autoscaling import AUTOSCALER
@@ -73,12 +73,9 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
             command.tensor_parallel_size, None)
     sizing = _sizing(model, command, policy)
     try:
-        # Its GPU count and per-GPU memory are the width's, filled in by `place_at_width`.
-        request = PlacementRequest(
-            replica=command.replica_id, model_revision=command.model_id, gpus_required=1,
-            memory_gib_per_gpu=1.0, required_capabilities=frozenset(command.required_capabilities),
-            locality=Locality(command.locality))
-        width = place_at_width(request, sizing, fleet, command.tensor_parallel_size, available,
+        shape = ReplicaShape(command.replica_id, command.model_id,
+                             frozenset(command.required_capabilities), Locality(command.locality))
+        width = place_at_width(shape, sizing, fleet, command.tensor_parallel_size, available,
                                most_free, policy.parameters["max_tensor_parallel"])
     except PolicyInputError as error:
         return rejection(command, ctx, error, stream)

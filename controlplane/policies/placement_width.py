@@ -24,7 +24,7 @@ once, to list every GPU and the first gate it failed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from controlplane.policies.memory import (
     DeploymentMemory,
@@ -145,24 +145,38 @@ def _count_th_largest(frees: list[tuple[float, int]], count: int) -> float | Non
     return None  # unreachable: the total was at least `count`
 
 
-def place_at_width(request: PlacementRequest, sizing: MemorySizing, fleet: GroupedInventory,
+@dataclass(frozen=True)
+class ReplicaShape:
+    """What a replica asks of its GPUs before its width is chosen; the width sets how many
+    GPUs it takes and the memory each must have free (`at`)."""
+
+    replica: str
+    model_revision: str
+    required_capabilities: frozenset[str] = frozenset()
+    locality: Locality = Locality.NODE
+
+    def at(self, gpus: int, memory_gib_per_gpu: float) -> PlacementRequest:
+        return PlacementRequest(self.replica, self.model_revision, gpus, memory_gib_per_gpu,
+                                self.required_capabilities, self.locality)
+
+
+def place_at_width(shape: ReplicaShape, sizing: MemorySizing, fleet: GroupedInventory,
                    commanded: int | None, available_gib: float | None, largest_gib: float,
                    max_tensor_parallel: int) -> WidthDecision:
-    """Place `request` at the commanded width, else at the smallest power of two up to
+    """Place a replica of `shape` at the commanded width, else at the smallest power of two up to
     `max_tensor_parallel` that places, else refuse naming why each width was not taken.
 
     `available_gib` is the largest free memory of a GPU the placement could take (None: none);
     `largest_gib` is that, or without one the largest of any GPU, so a refusal still has a width."""
     if commanded is not None:
         assessment = sizing.assess(commanded, largest_gib)
-        return WidthDecision(commanded, assessment, largest_gib, place_grouped(replace(
-            request, gpus_required=commanded,
-            memory_gib_per_gpu=assessment.required_gib_per_gpu), fleet), Reason(
+        return WidthDecision(commanded, assessment, largest_gib, place_grouped(
+            shape.at(commanded, assessment.required_gib_per_gpu), fleet), Reason(
             "layout_commanded", f"tensor parallel {commanded} as commanded",
             {"tensor_parallel": commanded}))
     tried: list[dict[str, object]] = []
     judged: list[tuple[int, MemoryAssessment, float, PlacementDecision | None]] = []
-    offers = GroupOffers(fleet, request.required_capabilities, request.locality,
+    offers = GroupOffers(fleet, shape.required_capabilities, shape.locality,
                          available_gib if available_gib is not None else math.inf)
     tp = 1
     while tp <= max_tensor_parallel:
@@ -177,8 +191,7 @@ def place_at_width(request: PlacementRequest, sizing: MemorySizing, fleet: Group
             if sized_on is not None:
                 assessment = on_largest if sized_on == largest_gib else sizing.assess(tp, sized_on)
                 if assessment.fits:
-                    decision = place_grouped(replace(
-                        request, gpus_required=tp, memory_gib_per_gpu=need), fleet)
+                    decision = place_grouped(shape.at(tp, need), fleet)
                     outcome = TAKEN if decision.placed else TOO_FEW_GPUS
         tried.append({"tensor_parallel": tp, "required_gib_per_gpu": need,
                       "largest_group_usable_gib": sized_on, "outcome": outcome})
@@ -187,7 +200,7 @@ def place_at_width(request: PlacementRequest, sizing: MemorySizing, fleet: Group
             break
         tp *= 2
     facts = {"tried": tried, "largest_gpu_memory_gib": largest_gib / sizing.usable_fraction,
-             "locality": request.locality.value}
+             "locality": shape.locality.value}
     if tried[-1]["outcome"] == TAKEN:
         tp, assessment, sized_on_gib, decision = judged[-1]
         assert decision is not None
@@ -199,11 +212,10 @@ def place_at_width(request: PlacementRequest, sizing: MemorySizing, fleet: Group
                   if t["outcome"] in (TOO_FEW_GPUS, NO_GPU_AVAILABLE)), -1)
     tp, assessment, sized_on_gib, decision = judged[shown]
     if decision is None:
-        decision = place_grouped(replace(
-            request, gpus_required=tp, memory_gib_per_gpu=assessment.required_gib_per_gpu), fleet)
+        decision = place_grouped(shape.at(tp, assessment.required_gib_per_gpu), fleet)
     return WidthDecision(tp, assessment, sized_on_gib, decision, Reason(
         "layout_none_fits", f"no tensor-parallel width up to {max_tensor_parallel} can be "
-        f"placed: {_why_not(tried, request.locality, largest_gib)}", facts))
+        f"placed: {_why_not(tried, shape.locality, largest_gib)}", facts))
 
 
 def _why_not(tried: list[dict[str, object]], locality: Locality, largest_gib: float) -> str:

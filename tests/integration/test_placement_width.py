@@ -9,7 +9,6 @@ An 80 GB GPU offers 72 usable GiB, a 40 GB one 36.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,8 +17,13 @@ from hypothesis import strategies as st
 
 from controlplane.policies import placement
 from controlplane.policies.memory import ModelMemory
-from controlplane.policies.placement import Locality, PlacementRequest, domain_of
-from controlplane.policies.placement_width import GroupOffers, MemorySizing, place_at_width
+from controlplane.policies.placement import Locality, domain_of
+from controlplane.policies.placement_width import (
+    GroupOffers,
+    MemorySizing,
+    ReplicaShape,
+    place_at_width,
+)
 from controlplane.state.gpu_index import GpuIndex
 from events.model import RecordedEvent
 from events.store import EventStore
@@ -205,14 +209,13 @@ def test_the_automatic_width_is_the_smallest_power_of_two_whose_need_a_group_of_
     largest = available if available is not None else fleet.largest_free_gib()
     assert largest is not None  # every fleet drawn has a GPU
     sizing = MemorySizing(ModelMemory(parameters, 16, 32, 8, 128), 4_096, 4, 2.0, FRACTION)
-    request = PlacementRequest("r", "m", 1, 1.0, capabilities, locality)
+    shape = ReplicaShape("r", "m", capabilities, locality)
     widths = [tp for tp in (1, 2, 4, 8, 16) if tp <= max_tensor_parallel]
     needs = {tp: sizing.assess(tp, largest).required_gib_per_gpu for tp in widths}
-    scanned = {tp: placement.place_replica(replace(
-        request, gpus_required=tp, memory_gib_per_gpu=needs[tp]), fleet.inventory())
-        for tp in widths}
+    scanned = {tp: placement.place_replica(shape.at(tp, needs[tp]), fleet.inventory())
+               for tp in widths}
     expected = next((tp for tp in widths if scanned[tp].placed), None)
-    width = place_at_width(request, sizing, fleet, None, available, largest, max_tensor_parallel)
+    width = place_at_width(shape, sizing, fleet, None, available, largest, max_tensor_parallel)
     assert width.decision.placed is (expected is not None)
     if expected is not None:
         assert width.tensor_parallel == expected
