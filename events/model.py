@@ -100,6 +100,17 @@ class DuplicateEventError(LogError):
     """An event id already stored elsewhere, or a batch that only partly overlaps the log."""
 
 
+class UnreadableEvent(LogError):
+    """A stored event that cannot be read or folded: its data is not a JSON object, or lacks
+    what its type carries. The log was changed outside the control plane (the hash chain shows
+    where), or a defect wrote it."""
+
+    def __init__(self, position: int, event_type: str, stream_id: str, detail: str) -> None:
+        super().__init__(f"event {position} ({event_type} on {stream_id}) cannot be read: "
+                         f"{detail}")
+        self.position = position
+
+
 class StatementFailed(LogError):
     """A statement of a write transaction failed and its error was caught inside the
     transaction: the transaction is rolled back, never committed without that statement."""

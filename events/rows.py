@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from events import driver
 from events.canonical import decode, encode
 from events.database import in_lists
-from events.model import NewEvent, RecordedEvent
+from events.model import NewEvent, RecordedEvent, UnreadableEvent
 from events.tables import events_table
 
 HEADER_FIELDS = (
@@ -53,15 +53,31 @@ def _event(fields: dict[str, Any]) -> RecordedEvent:
 
 
 def from_row(row: Sequence[Any]) -> RecordedEvent:
-    """A stored row, read as a tuple of every column in table order, as an event."""
+    """A stored row, read as a tuple of every column in table order, as an event;
+    `UnreadableEvent` when its data is not a JSON object."""
     fields = dict(zip(COLUMNS, row, strict=True))
-    fields["data"] = decode(fields["data"])
+    fields["data"] = _data_of(fields)
     return _event(fields)
 
 
 def to_recorded(row: RowMapping | dict[str, Any]) -> RecordedEvent:
-    """A stored row, read by column name, as an event."""
-    return with_data(row, decode(row["data"]))
+    """A stored row, read by column name, as an event; `UnreadableEvent` when its data is not
+    a JSON object."""
+    return with_data(row, _data_of(row))
+
+
+def _data_of(row: RowMapping | dict[str, Any]) -> dict[str, Any]:
+    """The row's data, decoded; every event's data is a JSON object (a row edited outside the
+    control plane may hold anything)."""
+    try:
+        data = decode(row["data"])
+    except (ValueError, TypeError) as error:  # JSONDecodeError is a ValueError; NULL a TypeError
+        raise UnreadableEvent(row["position"], row["event_type"], row["stream_id"],
+                              f"its data is not JSON ({error})") from None
+    if type(data) is not dict:
+        raise UnreadableEvent(row["position"], row["event_type"], row["stream_id"],
+                              f"its data is a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def with_data(row: RowMapping | dict[str, Any], data: dict[str, Any]) -> RecordedEvent:

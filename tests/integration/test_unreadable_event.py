@@ -1,0 +1,66 @@
+"""A row edited outside the control plane is named, never a traceback.
+
+`verify` finds the broken hash; the commands that read and fold the log (`replay` in every
+form, `status --at`, `log`) say which event they cannot read and exit 3 with one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from events.model import UnreadableEvent
+from events.store import EventStore
+from tests.cli_helpers import run_cli
+from tests.factories import place_replica, register_model, register_node
+from tests.fleet_helpers import run
+
+
+
+def readers(position: int) -> list[tuple[str, ...]]:
+    """The commands that read the log, each reaching the event at `position`."""
+    return [("replay",), ("replay", "--verify"), ("replay", "--to", str(position + 1)),
+            ("replay", "--rebuild"), ("status", "--at", str(position + 1)),
+            ("log", "--from", str(position - 1))]  # rows after --from
+
+
+def placed_fleet(store: EventStore) -> int:
+    """A node, a model and a placed replica; returns the position of its GpusReserved event."""
+    run(store, register_node("n1"), register_model())
+    run(store, place_replica("r1"))
+    with store.engine.connect() as conn:
+        return int(conn.execute(text(
+            "SELECT position FROM events WHERE event_type = 'GpusReserved'")).scalar_one())
+
+
+@pytest.mark.parametrize(("data", "detail"), [
+    ("'{}'", "cannot be folded (KeyError"),
+    ("'not json'", "its data is not JSON"),
+    ("'[1, 2]'", "its data is a JSON list, not an object"),
+    ("replace(data, '\"g0\"', '\"g9\"')", "cannot be folded (KeyError: 'g9')"),
+], ids=["empty-object", "not-json", "a-list", "unknown-gpu"])
+def test_an_edited_event_is_named_by_every_command_that_reads_the_log(
+        store: EventStore, data: str, detail: str) -> None:
+    position = placed_fleet(store)
+    with store.engine.begin() as conn:
+        conn.execute(text(f"UPDATE events SET data = {data} WHERE position = {position}"))
+    assert run_cli("verify").exit_code == 1
+    for args in readers(position):
+        if args[0] == "log" and "folded" in detail:
+            continue  # `log` shows rows without folding them
+        result = run_cli(*args)
+        assert result.exit_code == 3, (args, result.stderr)
+        assert f"event {position} (GpusReserved on node/n1) cannot be read" in result.stderr
+        assert detail in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+
+
+def test_a_fold_error_names_the_event_and_keeps_its_cause(store: EventStore) -> None:
+    position = placed_fleet(store)
+    with store.engine.begin() as conn:
+        conn.execute(text(f"UPDATE events SET data = '{{}}' WHERE position = {position}"))
+    from controlplane.replay import compare_with_live
+
+    with pytest.raises(UnreadableEvent) as raised:
+        compare_with_live(store)
+    assert raised.value.position == position and isinstance(raised.value.__cause__, KeyError)
