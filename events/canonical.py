@@ -119,7 +119,7 @@ def digest(value: Any) -> str:
 
 def header_json(header: dict[str, Any]) -> bytes:
     """The envelope header as the standard library's sorted compact JSON, in UTF-8."""
-    if all(type(value) in _HEADER_TYPES for value in header.values()):
+    if _HEADER_TYPES.issuperset(map(type, header.values())):
         try:
             return orjson.dumps(header, option=_SORTED)
         except orjson.JSONEncodeError:  # an int beyond 64 bits, a lone surrogate

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 
 from events import driver
-from events.canonical import decode, encode
+from events.canonical import chain_hash, decode, encode
 from events.database import in_lists
 from events.model import NewEvent, RecordedEvent, UnreadableEvent
 from events.tables import events_table
@@ -42,13 +42,15 @@ assert list(COLUMNS) == list(RecordedEvent.__dataclass_fields__)
 
 
 _new_object = object.__new__
+_set_attribute = object.__setattr__
 
 
 def _event(fields: dict[str, Any]) -> RecordedEvent:
-    """A RecordedEvent of exactly its fields, set without the frozen dataclass's per-field
-    `object.__setattr__` (half the cost of building one; replay builds one per stored row)."""
+    """A RecordedEvent whose attributes are `fields` (a dict of exactly its fields, nothing
+    else holds), set without the frozen dataclass's per-field `object.__setattr__` and without
+    copying them: most of the cost of building one (replay builds one per stored row)."""
     event: RecordedEvent = _new_object(RecordedEvent)
-    event.__dict__.update(fields)
+    _set_attribute(event, "__dict__", fields)
     return event
 
 
@@ -81,8 +83,11 @@ def _data_of(row: RowMapping | dict[str, Any]) -> dict[str, Any]:
 
 
 def with_data(row: RowMapping | dict[str, Any], data: dict[str, Any]) -> RecordedEvent:
-    """The row as an event whose data is `data`: the row's text, decoded (by its writer)."""
-    fields = {name: row[name] for name in COLUMNS}
+    """The row as an event whose data is `data`: the row's text, decoded (by its writer).
+
+    A row given as a dict holds every column and nothing else (as `row_for` makes them).
+    """
+    fields = row.copy() if type(row) is dict else {name: row[name] for name in COLUMNS}
     fields["data"] = data
     return _event(fields)
 
@@ -101,16 +106,20 @@ def events_by_command(connection: Connection, command_ids: Sequence[str],
     return grouped
 
 
-def row_for(new: NewEvent, stream_id: str, version: int, position: int,
-            recorded_at: str) -> tuple[dict[str, Any], Any]:
-    """The row that stores `new` at its place (hashes are added by the appender), and its data
-    as a reader of the log decodes it."""
+def row_for(new: NewEvent, stream_id: str, version: int, position: int, recorded_at: str,
+            prev_hash: str) -> tuple[dict[str, Any], Any]:
+    """The row that stores `new` at its place, chained after `prev_hash` (`chain_hash`), and
+    its data as a reader of the log decodes it."""
     text, data = encode(new.data)
-    return {
+    header = {  # `header_of` the row, built first: no row is taken apart again to hash it
         "position": position, "stream_id": stream_id, "stream_version": version,
         "event_id": new.event_id, "event_type": new.event_type,
-        "schema_version": new.schema_version, "data": text,
+        "schema_version": new.schema_version,
         "command_id": new.command_id, "causation_id": new.causation_id,
         "correlation_id": new.correlation_id, "actor": new.actor, "tenant": new.tenant,
         "occurred_at": new.occurred_at, "recorded_at": recorded_at,
-    }, data
+    }
+    row = header.copy()
+    row["data"], row["prev_hash"] = text, prev_hash
+    row["hash"] = chain_hash(prev_hash, header, text)
+    return row, data

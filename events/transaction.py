@@ -10,7 +10,6 @@ from typing import Any, NamedTuple
 from sqlalchemy.engine import Connection
 
 from events import driver
-from events.canonical import chain_hash
 from events.database import in_lists
 from events.merkle import CHECKPOINT_EVENT, CHECKPOINT_STREAM, merkle_root
 from events.model import (
@@ -28,7 +27,6 @@ from events.rows import (
     INSERT_EVENTS,
     events_by_command,
     from_row,
-    header_of,
     row_for,
     row_values,
     to_recorded,
@@ -202,9 +200,9 @@ class LogTransaction:
             for new in batch.events:
                 position += 1
                 version += 1
-                row, data = row_for(new, batch.stream_id, version, position, recorded_at)
-                row["prev_hash"] = prev_hash
-                row["hash"] = prev_hash = chain_hash(prev_hash, header_of(row), row["data"])
+                row, data = row_for(new, batch.stream_id, version, position, recorded_at,
+                                    prev_hash)
+                prev_hash = row["hash"]
                 rows.append(row)
                 decoded.append(data)
             versions[batch.stream_id] = version
@@ -254,9 +252,8 @@ class LogTransaction:
         new = NewEvent(event_id=derived_event_id("checkpoint", str(last)),
                        event_type=CHECKPOINT_EVENT, data=data, occurred_at=rows[-1]["occurred_at"],
                        actor="log", tenant="system")
-        row, decoded = row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at)
-        row["prev_hash"] = rows[-1]["hash"]
-        row["hash"] = chain_hash(row["prev_hash"], header_of(row), row["data"])
+        row, decoded = row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at,
+                               rows[-1]["hash"])
         self.since_checkpoint = (last + 1, [])
         return row, decoded
 
