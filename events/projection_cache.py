@@ -99,10 +99,12 @@ class ProjectionCache:
         if texts is not None:
             texts[key] = text
 
-    def revalidate(self, name: str, stored: Stored) -> None:
-        """Bring a projection with views up to the stored rows, decoding only changed ones."""
-        if name not in self.stale:
-            return
+    def _revalidate(self, name: str, stored: Stored) -> None:
+        """Bring a projection with views up to the stored rows, decoding only changed ones.
+
+        Only for a projection in `stale`: callers look first (every read and write of a row
+        does, and rarely finds one there).
+        """
         rows, texts = self.rows.setdefault(name, {}), self.texts.setdefault(name, {})
         views = self.views.get(name, {}).values()
         current = stored(name)
@@ -123,7 +125,8 @@ class ProjectionCache:
 
     def row(self, name: str, key: str, load: Callable[[str, str], Row | None],
             stored: Stored) -> Row | None:
-        self.revalidate(name, stored)
+        if name in self.stale:
+            self._revalidate(name, stored)
         table = self.rows.get(name)
         if table is not None and key in table:
             return table[key]
@@ -136,7 +139,8 @@ class ProjectionCache:
 
     def missing(self, name: str, keys: list[str], stored: Stored) -> list[str]:
         """Which of `keys` are not known yet (present or absent), each once, for `loaded`."""
-        self.revalidate(name, stored)
+        if name in self.stale:
+            self._revalidate(name, stored)
         if name in self.complete:
             return []
         table = self.rows.get(name, {})
@@ -155,7 +159,8 @@ class ProjectionCache:
 
     def table(self, name: str, stored: Stored) -> dict[str, Row]:
         """Every present row of `name`; the stored ones are decoded once per head."""
-        self.revalidate(name, stored)
+        if name in self.stale:
+            self._revalidate(name, stored)
         table = self.rows.setdefault(name, {})
         if name not in self.complete:
             for key, text in stored(name).items():
@@ -167,22 +172,28 @@ class ProjectionCache:
 
     def write(self, name: str, key: str, value: Row | None, stored: Stored) -> None:
         """A put (or, with None, a delete) of the current transaction, seen by rows and views."""
-        self.revalidate(name, stored)
+        if name in self.stale:
+            self._revalidate(name, stored)
         self.dirty = True
-        table = self.rows.setdefault(name, {})
+        table = self.rows.get(name)
+        if table is None:
+            table = self.rows[name] = {}
         if key not in table:
             self.size += 1
         table[key] = value
         texts = self.texts.get(name)
         if texts is not None:
             texts.pop(key, None)  # unknown until flushed
-        for view in self.views.get(name, {}).values():
-            view.apply(key, value)
+        views = self.views.get(name)
+        if views:
+            for view in views.values():
+                view.apply(key, value)
 
     def view(self, name: str, view_id: Hashable, build: Callable[[], TableView],
              stored: Stored) -> TableView:
         """The view, built on first use from every row (with their texts, to revalidate later)."""
-        self.revalidate(name, stored)
+        if name in self.stale:
+            self._revalidate(name, stored)
         view = self.views.get(name, {}).get(view_id)
         if view is None:
             if name not in self.texts and not self.rows.get(name):
