@@ -16,7 +16,6 @@ from tests.factories import place_replica, register_model, register_node
 from tests.fleet_helpers import run
 
 
-
 def readers(position: int) -> list[tuple[str, ...]]:
     """The commands that read the log, each reaching the event at `position`."""
     return [("replay",), ("replay", "--verify"), ("replay", "--to", str(position + 1)),
