@@ -15,7 +15,7 @@ from controlplane.commands.fleet import MarkReplicaReady, PlaceReplica, ReleaseR
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
 from controlplane.handlers.admission_promotion import promote_on_ready
 from controlplane.handlers.base import Handler, Precheck, Reads, RefuseExisting, Warm
-from controlplane.policies.memory import ModelMemory
+from controlplane.policies.memory import MemoryAssessment, ModelMemory
 from controlplane.policies.placement import GPU, Locality
 from controlplane.policies.placement_width import MemorySizing, ReplicaShape, place_at_width
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
@@ -80,11 +80,10 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
     except PolicyInputError as error:
         return rejection(command, ctx, error, stream)
     tp, assessment, decision = width.tensor_parallel, width.assessment, width.decision
-    memory = to_plain(assessment)
-    del memory["reasons"]
     if not decision.placed:
         return _refused(command, ctx, policy, inputs,
-                        [width.layout, *assessment.reasons, *decision.reasons], tp, memory)
+                        [width.layout, *assessment.reasons, *decision.reasons], tp,
+                        _memory_record(assessment))
     by_node: dict[str, list[str]] = {}
     for qualified in decision.gpu_ids:
         node_id, gpu_id = qualified.split(GPU_ID_SEPARATOR, 1)
@@ -97,7 +96,10 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
                "pool_id": command.pool_id, "tensor_parallel": tp, "gpus": by_node,
                "required_gib_per_gpu": assessment.required_gib_per_gpu,
                "kv_capacity_tokens": on_chosen.kv_capacity_tokens,
-               "max_concurrency": on_chosen.max_concurrency, "memory": memory}
+               "max_concurrency": on_chosen.max_concurrency,
+               # The chosen GPUs' assessment, as the capacity beside it (the width's sizing on
+               # the GPU it was judged on is in the layout reason's facts).
+               "memory": _memory_record(on_chosen)}
     data = decision_data(outcome="placed", reasons=[width.layout, *decision.reasons], result=replica,
                          policy=policy, inputs=inputs, ctx=ctx, causes=_causes(command))
     placed = new_event(command, ctx, "decision", REPLICA_PLACED, data)
@@ -119,6 +121,13 @@ def _refused(command: PlaceReplica, ctx: DecisionContext, policy: PolicyInForce,
                          policy=policy, inputs=inputs, ctx=ctx, causes=_causes(command))
     return [append_to(f"replica/{command.replica_id}", ctx,
                       new_event(command, ctx, "decision", PLACEMENT_REFUSED, data))]
+
+
+def _memory_record(assessment: MemoryAssessment) -> dict[str, Any]:
+    """A memory assessment as a decision's result records it (its reasons are the decision's)."""
+    record: dict[str, Any] = to_plain(assessment)
+    del record["reasons"]
+    return record
 
 
 def _causes(command: CommandBase) -> list[str]:
@@ -207,7 +216,10 @@ RULES_VERSIONS: dict[str, int] = {
     # 4: a width refused because no GPU can be taken at all (every one cordoned, reserved or
     #    without a required capability) says so (`no_gpu_available`), and a domain short of
     #    GPUs "offers fewer than N such GPUs".
-    "PlaceReplica": 4,
+    # 5: a placed replica's `memory` block is assessed on the GPUs it was given, as its
+    #    `kv_capacity_tokens` and `max_concurrency` are (it was the width's assessment on the
+    #    largest GPU the placement could take, with other figures).
+    "PlaceReplica": 5,
     # 2: a replica becoming ready promotes the heads of its pool's admission queue.
     "MarkReplicaReady": 2,
 }

@@ -160,3 +160,19 @@ def test_a_placement_on_a_fleet_with_no_gpu_is_refused_not_rejected_as_bad_input
     assert (refused.event_type, [r["code"] for r in refused.data["reasons"]]) == (
         "PlacementRefused", ["no_gpus"])
     assert verify_decisions(store).drifts == [] and compare_with_live(store) == []
+
+
+def test_a_placed_replicas_memory_record_is_assessed_on_the_gpus_it_was_given(
+        store: EventStore) -> None:
+    """The width is sized on the largest GPU the placement could take (80 GiB); the replica
+    lands on the 24 GiB one, and its memory block agrees with the capacity it records."""
+    run(store, register_node("big", gpus=1, memory_gib=80.0),
+        register_node("small", gpus=1, memory_gib=24.0), register_model(),
+        place_replica("r1", tp=None))
+    result = decision(store, "place-r1").data["result"]
+    assert result["gpus"] == {"small": ["g0"]}
+    memory = result["memory"]
+    assert memory["usable_gib_per_gpu"] == pytest.approx(24.0 * 0.9)
+    assert (memory["kv_capacity_tokens"], memory["max_concurrency"]) == (
+        result["kv_capacity_tokens"], result["max_concurrency"])
+    assert memory["required_gib_per_gpu"] == result["required_gib_per_gpu"]
