@@ -23,10 +23,9 @@ def _render(report: dict[str, Any]) -> str:
         lines.append(f"rebuilt the live projections from {report['rebuilt_events']} event(s)")
         repaired = report["repaired_differences"]
         if repaired:
-            rows = ", ".join(f"{d['projection']}/{d['key']}" for d in repaired[:5])
             lines.append(f"  the live state differed from the log before the rebuild: "
-                         f"{report['differences_repaired']} row(s) rewritten ({rows}"
-                         f"{', …' if report['differences_repaired'] > 5 else ''})")
+                         f"{report['differences_repaired']} row(s) rewritten "
+                         f"({_rows(repaired, report['differences_repaired'])})")
     if "state" in report:
         if "requested_position" in report:
             lines.append(f"position {report['requested_position']} is inside a decision: the "
@@ -37,12 +36,19 @@ def _render(report: dict[str, Any]) -> str:
     if "projection_differences" in report:
         differences = report["projection_differences"]
         lines.append("projections: rebuilt state equals the live state" if not differences
-                     else f"projections: {len(differences)} difference(s) from the live state")
+                     else f"projections: {len(differences)} difference(s) from the live state "
+                     f"({_rows(differences, len(differences))}; --json shows both values)")
     if "decisions_checked" in report:
         drifts = report["drifts"]
         label = "what-if" if report.get("what_if") else "verify"
+        changed: list[dict[str, Any]] = []
+        same: list[dict[str, Any]] = []
+        for drift in drifts:
+            outcome_changed = drift["recorded"]["outcome"] != drift["rederived"]["outcome"]
+            (changed if outcome_changed else same).append(drift)
         lines.append(f"{label}: {report['decisions_checked']} decision(s) re-derived, "
-                     f"{'identical' if not drifts else f'{len(drifts)} would differ'}")
+                     f"{'identical' if not drifts else f'{len(drifts)} would differ'}"
+                     f"{f' ({len(changed)} in outcome)' if drifts else ''}")
         older = [d for d in drifts if d["older_rules"]]
         if older and not report.get("what_if"):
             lines.append(f"  {len(older)} of them decided under older rules than today's "
@@ -52,13 +58,26 @@ def _render(report: dict[str, Any]) -> str:
             lines.append(f"  {report['decisions_unchecked']} decision(s) left unchecked: their"
                          " events run past position "
                          f"{report.get('requested_position', report['position'])}")
-        for drift in drifts[:50]:
+        # Changed outcomes first: the rest differ only in their reasons' facts or inputs.
+        shown = (changed + same)[:SHOWN_DRIFTS]
+        for drift in shown:
             rules = (f"; rules {drift['rules_version']} -> {drift['current_rules_version']}"
                      if drift["older_rules"] else "")
             lines.append(f"  #{drift['position']} {drift['command_id']}: "
                          f"{drift['recorded']['outcome']} -> {drift['rederived']['outcome']} "
                          f"({', '.join(drift['changed_fields'])}{rules})")
+        if len(drifts) > len(shown):
+            lines.append(f"  … and {len(drifts) - len(shown)} more (--json lists every one)")
     return "\n".join(lines)
+
+
+SHOWN_DRIFTS = 50
+
+
+def _rows(differences: list[dict[str, Any]], total: int) -> str:
+    """The first few differing rows as projection/key, and whether there are more."""
+    named = ", ".join(f"{d['projection']}/{d['key']}" for d in differences[:5])
+    return f"{named}, …" if total > 5 else named
 
 
 @click.command()
