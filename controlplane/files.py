@@ -23,17 +23,44 @@ def read_at_most(path: Path, limit_bytes: int, label: str = "") -> bytes:
     return raw
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice: the standard library keeps the last silently, so a
+    user's first value would be dropped without a word."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"key {key!r} appears twice in one object")
+
+
+def unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """`json.loads`' `object_pairs_hook` that refuses an object naming a key twice."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return value
+
+
+def loads_strict(text: str) -> object:
+    """`json.loads`, refusing an object that names a key twice (`DuplicateKey`)."""
+    return json.loads(text, object_pairs_hook=unique_keys)
+
+
 def read_json(path: Path, limit_bytes: int, label: str = "") -> object:
     """The JSON value in `path` (read as `read_at_most`); InputError naming the file and what is
-    wrong when it is not UTF-8 JSON that Python can hold."""
+    wrong when it is not UTF-8 JSON that Python can hold, or an object in it names a key twice."""
     raw = read_at_most(path, limit_bytes, label)
     try:
-        return json.loads(raw.decode("utf-8"))
+        return loads_strict(raw.decode("utf-8"))
     except UnicodeDecodeError as error:
         raise InputError(f"{label}{path} is not UTF-8 text: byte {error.start} cannot be "
                          "decoded") from None
     except json.JSONDecodeError as error:
         raise InputError(f"{label}{path} is not JSON: line {error.lineno}: {error.msg}") from None
+    except DuplicateKey as error:
+        raise InputError(f"{label}{path}: {error}") from None
     except ValueError as error:  # an integer past Python's digit limit, say
         raise InputError(f"{label}{path} is not usable JSON: {str(error).split(';')[0]}") \
             from None

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from controlplane.commands import CommandBase, command_adapter
 from controlplane.errors import FieldProblem, InputError, SubmissionRejected
+from controlplane.files import DuplicateKey, loads_strict
 
 MAX_SUBMISSION_BYTES = 256 * 1024 * 1024
 # One command, as a JSON line or an array item; room for the gateway's largest input field.
@@ -22,6 +23,8 @@ MAX_PROBLEMS_LISTED = 50
 def _unparseable(error: Exception) -> str:
     if isinstance(error, RecursionError):
         return "nested too deeply"
+    if isinstance(error, DuplicateKey):
+        return str(error)
     return f"not usable JSON: {str(error).split(';')[0]}"
 
 
@@ -71,7 +74,7 @@ def read_submission(text: str) -> Submission:
     items: list[tuple[int, Any]] = []
     if stripped.startswith("["):
         try:
-            array = json.loads(text)
+            array = loads_strict(text)
         except json.JSONDecodeError as error:
             raise SubmissionRejected([FieldProblem(error.lineno, "(json)", error.msg)]) from None
         except (ValueError, RecursionError) as error:
@@ -93,7 +96,7 @@ def read_submission(text: str) -> Submission:
                 problems.append(FieldProblem(number, "(line)", f"longer than {MAX_LINE_BYTES} bytes"))
                 continue
             try:
-                items.append((number, json.loads(line)))
+                items.append((number, loads_strict(line)))
             except json.JSONDecodeError as error:
                 problems.append(FieldProblem(number, "(json)", f"not JSON: {error.msg}"))
             except (ValueError, RecursionError) as error:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from controlplane.errors import InputError, SubmissionRejected
+from controlplane.policy_book import load_overrides
 from controlplane.submission import parse_submission
 from tests.factories import assess_memory
 
@@ -107,3 +109,28 @@ def test_a_node_as_large_as_a_plan_may_describe_registers_and_one_gpu_more_is_re
         [node] = parse_submission(lines(register_node(gpus)))
         assert len(node.payload()["gpus"]) == gpus
     assert problems_of(lines(register_node(MAX_GPUS_PER_NODE + 1))) == [(1, "gpus")]
+
+
+@pytest.mark.parametrize("text", [
+    '{"type": "AssessMemory", "command_id": "one", "command_id": "two"}\n',
+    '[{"type": "AssessMemory", "command_id": "one", "command_id": "two"}]',
+], ids=["json-lines", "array"])
+def test_a_key_given_twice_is_refused_not_silently_dropped(text: str) -> None:
+    """The standard library keeps the last of two equal keys: the submitter's first id would
+    have been dropped without a word."""
+    with pytest.raises(SubmissionRejected) as refused:
+        parse_submission(text)
+    assert [str(p) for p in refused.value.problems] == [
+        "line 1: (json): key 'command_id' appears twice in one object"]
+
+
+def test_a_nested_key_given_twice_is_refused_in_a_policy_file(tmp_path: Path) -> None:
+    path = tmp_path / "whatif.json"
+    path.write_text('{"memory": {"usable_fraction": 0.8}, "memory": {}}', encoding="utf-8")
+    with pytest.raises(InputError, match=r"policy file .*whatif.json: key 'memory' appears "
+                                         r"twice in one object"):
+        load_overrides(path)
+    path.write_text('{"memory": {"usable_fraction": 0.8, "usable_fraction": 0.7}}',
+                    encoding="utf-8")
+    with pytest.raises(InputError, match="key 'usable_fraction' appears twice"):
+        load_overrides(path)
