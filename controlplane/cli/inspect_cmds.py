@@ -38,15 +38,19 @@ def status(at_position: int | None, as_json: bool) -> None:
     """Show the fleet state, live or as of a past log position."""
     store = existing_store()
     head, _ = store.head()
+    cut: dict[str, int] = {}
     if at_position is None:
         with store.engine.connect() as conn:
             projections = load_all(conn)
         position = head
     else:
-        # Never inside a decision: a state folded there was never committed (`whole_decisions_cut`).
+        # Never inside a decision: a state folded there was never committed (`whole_decisions_cut`),
+        # and the report says where it moved the cut, as `replay --to` does.
         position = whole_decisions_cut(store, min(at_position, head))
+        if position != min(at_position, head):
+            cut["requested_position"] = at_position
         projections = state_at(store, position).snapshot()
-    emit({"position": position, "projections": projections,
+    emit({"position": position, **cut, "projections": projections,
           "pool_budgets": pool_budgets(projections)}, as_json, render_status)
 
 

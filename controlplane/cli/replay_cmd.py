@@ -27,10 +27,9 @@ def _render(report: dict[str, Any]) -> str:
                          f"{report['differences_repaired']} row(s) rewritten "
                          f"({_rows(repaired, report['differences_repaired'])})")
     if "state" in report:
-        if "requested_position" in report:
-            lines.append(f"position {report['requested_position']} is inside a decision: the "
-                         f"state as of {report['position']}, before it")
-        lines.append(render_status({"position": report["position"],
+        cut = {"requested_position": report["requested_position"]} \
+            if "requested_position" in report else {}
+        lines.append(render_status({"position": report["position"], **cut,
                                     "projections": report["state"],
                                     "pool_budgets": pool_budgets(report["state"])}))
     if "projection_differences" in report:
