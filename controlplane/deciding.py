@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection
 
 from controlplane.commands import CommandBase
 from controlplane.decisions import ACCEPTED, DecisionContext
-from controlplane.handlers import READS, STREAMS, WARMS, decide_command
+from controlplane.handlers import READS, STREAMS, WARMS, decide_command, rules_version
 from controlplane.policy_book import POLICY_MODELS, POLICY_PROJECTION, PolicyBook
 from controlplane.state.fold import PENDING, apply_event
 from events.model import ConcurrencyConflict, RecordedEvent
@@ -140,8 +140,11 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
         # The time the decision is recorded at, fixed before it is made: the handler reads it
         # (a lease on the control plane's own clock) and its events carry it.
         recorded_at = tx.clock()
+        # Built with its command type's rules version, so `decide_command` need not copy it.
         context = DecisionContext(tx.projections, tx.head_position, tx.stream_version, policies,
-                                  item.accepted.event_id, recorded_at=recorded_at)
+                                  item.accepted.event_id,
+                                  rules_version=rules_version(item.command.command_type),
+                                  recorded_at=recorded_at)
         # No event of this command exists (checked above): skip the look-up.
         appended = tx.append(decide_command(item.command, context),
                              check_existing=False, recorded_at=recorded_at)
