@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from math import isfinite
 from typing import Any
 
 
@@ -55,22 +55,28 @@ def to_plain(value: Any) -> Any:
     kind = type(value)
     if kind in _SCALARS:  # exact types only: an enum member's type is its enum
         return value
-    # Containers keep scalar items without a call each: most of a decision's leaves are scalars.
+    # A container is copied whole, then only its items that are not scalars (a finite float is
+    # one) are converted, each by a call: most of a decision's leaves are scalars.
     if kind is dict:
-        return {key if type(key) is str else str(key):
-                item if type(item) in _SCALARS else to_plain(item)
-                for key, item in value.items()}
+        plain = dict(value)
+        for key, item in value.items():
+            if type(key) is not str:
+                return {str(key): to_plain(item) for key, item in value.items()}
+            if type(item) not in _SCALARS and not (type(item) is float and isfinite(item)):
+                plain[key] = to_plain(item)
+        return plain
     if kind is list or kind is tuple:
-        return [item if type(item) in _SCALARS else to_plain(item) for item in value]
+        return [item if type(item) in _SCALARS or type(item) is float and isfinite(item)
+                else to_plain(item) for item in value]
     if kind is float:
-        if not math.isfinite(value):
+        if not isfinite(value):
             raise ValueError(f"non-finite number {value!r} in a decision")
         return value
     fields = _FIELDS.get(kind)
     if fields is None and hasattr(kind, "__dataclass_fields__") and not isinstance(value, type):
         fields = _FIELDS[kind] = tuple(kind.__dataclass_fields__)
     if fields is not None:
-        return {name: to_plain(getattr(value, name)) for name in fields}
+        return to_plain({name: getattr(value, name) for name in fields})
     return _to_plain_other(value)
 
 
