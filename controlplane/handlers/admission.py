@@ -106,19 +106,20 @@ def request_event(command: CommandBase, ctx: DecisionContext, slot: str,
     return new_event(command, ctx, slot, EVENT_TYPES[decision.action], data)
 
 
-def queued_rows(state: StateView, queue: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """The `admission_request` rows of a pool's queued requests, in queue order."""
-    return {rid: found for rid in queue
+def queued_records(state: StateView, queue: Sequence[str]) -> dict[str, AdmissionRecord]:
+    """The records of a pool's queued requests (from their `admission_request` rows), in queue
+    order."""
+    return {rid: admission_record(found) for rid in queue
             if (found := state.get(ADMISSION_REQUEST, rid)) is not None}
 
 
 def walked_events(command: CommandBase, ctx: DecisionContext, decisions: Sequence[AdmissionDecision],
-                  rows: dict[str, dict[str, Any]], pool_id: str, now: float,
+                  records: dict[str, AdmissionRecord], pool_id: str, now: float,
                   policy: PolicyInForce, inputs: dict[str, Any], causes: list[str],
                   sequences: Iterator[int]) -> list[NewEvent]:
     """The decisions a walk of the queue made (promotions, sheds), each in its own slot."""
     return [request_event(command, ctx, f"promote/{d.request_id}", d,
-                          admission_record(rows[d.request_id]).request, pool_id, now, policy,
+                          records[d.request_id].request, pool_id, now, policy,
                           inputs, causes, sequences) for d in decisions]
 
 
@@ -174,25 +175,26 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
     inputs = {"command": command.payload(), "pool": capacity.facts(),
               "admission": {"live_tokens": admission["live_tokens"], "queue": admission["queue"]}}
     walked: tuple[AdmissionDecision, ...] = ()
-    walked_rows: dict[str, dict[str, Any]] = {}
+    walked_records: dict[str, AdmissionRecord] = {}
     live, queue = admission["live_tokens"], tuple(admission["queue"])
+    # One value serves the whole decision: with no budget only its token bound and retention
+    # rules are read, which do not depend on it.
+    rules = admission_policy(policy, max(capacity.budget_tokens, 1))
     try:
         if capacity.budget_tokens == 0:
             decision = shed_without_capacity(
-                request, now, command.estimated_queue_seconds,
-                admission_policy(policy).max_tokens_per_request,
+                request, now, command.estimated_queue_seconds, rules.max_tokens_per_request,
                 {"live_tokens": admission["live_tokens"],
                  "queued_requests": len(admission["queue"])}, retryable=bool(capacity.warming))
         else:
-            rules = admission_policy(policy, capacity.budget_tokens)
-            walked, walked_rows, (live, queue) = _walk_at_the_door(ctx, admission, now, rules)
+            walked, walked_records, (live, queue) = _walk_at_the_door(ctx, admission, now, rules)
             decision = decide_admission(PoolState(live, queue), request, now,
                                         command.estimated_queue_seconds, rules)
     except PolicyInputError as error:
         return rejection(command, ctx, error, f"request/{command.request_id}")
     sequences = settled_sequences(admission)
-    followers = walked_events(command, ctx, walked, walked_rows, command.pool_id, now, policy,
-                              inputs, [], sequences)
+    followers = walked_events(command, ctx, walked, walked_records, command.pool_id, now,
+                              policy, inputs, [], sequences)
     causes: list[str] = []
     if decision.action is AdmissionAction.SHED:
         causes = warming_placements(ctx.state, capacity)
@@ -205,18 +207,18 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
     return [append_to(f"request/{command.request_id}", ctx, event),
             *(append_to(f"request/{e.data['result']['request_id']}", ctx, e) for e in followers),
             pool_event(command, ctx, admission, live + decision.reserved_tokens, after_queue,
-                       [*followers, event], now, admission_policy(policy))]
+                       [*followers, event], now, rules)]
 
 
 def _walk_at_the_door(ctx: DecisionContext, admission: dict[str, Any], now: float,
                       rules: AdmissionPolicy) -> tuple[tuple[AdmissionDecision, ...],
-                                                       dict[str, dict[str, Any]],
+                                                       dict[str, AdmissionRecord],
                                                        tuple[int, tuple[str, ...]]]:
     """Before a newcomer is judged, the queue's heads whose deadline passed (or that the token
     bound now refuses) are shed, and the heads that then fit are admitted, FIFO: otherwise a
     head that can no longer be served held every later request behind it, queued or shed as
     `live_budget_and_queue_full`, until some release walked the queue. Returns those decisions,
-    the rows of the requests they decide, and the pool's (live tokens, queue) after them.
+    the records of the requests they decide, and the pool's (live tokens, queue) after them.
 
     The head alone is read first: a head that is still waiting for tokens decides nothing.
     """
@@ -224,10 +226,10 @@ def _walk_at_the_door(ctx: DecisionContext, admission: dict[str, Any], now: floa
     head = ctx.state.get(ADMISSION_REQUEST, queue[0]) if queue else None
     if head is None or not _head_moves(admission_record(head), live, now, rules):
         return (), {}, (live, queue)
-    rows = queued_rows(ctx.state, queue)
-    decisions, after = promote(PoolState(live, queue, tuple(admission_record(r) for r in rows.values())),
-                               now, rules, QUEUE_CLEARED)
-    return decisions, rows, (after.live_tokens, after.queue)
+    records = queued_records(ctx.state, queue)
+    decisions, after = promote(PoolState(live, queue, tuple(records.values())), now, rules,
+                               QUEUE_CLEARED)
+    return decisions, records, (after.live_tokens, after.queue)
 
 
 def _head_moves(head: AdmissionRecord, live: int, now: float, rules: AdmissionPolicy) -> bool:
@@ -253,14 +255,13 @@ def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[S
     capacity = pool_capacity(ctx.state, pool_id, policy)
     admission = ctx.state.get(ADMISSION, pool_id) or empty_pool_admission(pool_id)
     queue = tuple(admission["queue"])
-    rows = {command.request_id: row, **queued_rows(ctx.state, queue)}
+    records = {command.request_id: admission_record(row), **queued_records(ctx.state, queue)}
     # With no ready capacity nothing can be promoted: the policy sees no queue to walk.
     promote = capacity.budget_tokens > 0
-    state = PoolState(admission["live_tokens"], queue if promote else (),
-                      tuple(admission_record(r) for r in rows.values()))
+    state = PoolState(admission["live_tokens"], queue if promote else (), tuple(records.values()))
+    rules = admission_policy(policy, max(capacity.budget_tokens, 1))
     try:
-        decisions, after = release(state, command.request_id, now,
-                                   admission_policy(policy, max(capacity.budget_tokens, 1)))
+        decisions, after = release(state, command.request_id, now, rules)
     except PolicyInputError as error:
         return rejection(command, ctx, error, stream)
     if row["action"] == AdmissionAction.RELEASE.value:
@@ -269,14 +270,15 @@ def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[S
               "admission": {"live_tokens": admission["live_tokens"], "queue": list(queue)}}
     sequences = settled_sequences(admission)
     released = request_event(command, ctx, "decision", decisions[0],
-                              admission_record(row).request, pool_id, now, policy, inputs, [], sequences)
-    followers = walked_events(command, ctx, decisions[1:], rows, pool_id, now, policy, inputs,
+                              records[command.request_id].request, pool_id, now, policy, inputs, [],
+                              sequences)
+    followers = walked_events(command, ctx, decisions[1:], records, pool_id, now, policy, inputs,
                               [released.event_id], sequences)
     appends = [append_to(stream, ctx, released)]
     appends += [append_to(f"request/{e.data['result']['request_id']}", ctx, e) for e in followers]
     remaining = list(after.queue) if promote else [rid for rid in queue if rid != command.request_id]
     appends.append(pool_event(command, ctx, admission, after.live_tokens, remaining,
-                              [released, *followers], now, admission_policy(policy)))
+                              [released, *followers], now, rules))
     return appends
 
 

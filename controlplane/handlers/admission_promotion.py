@@ -12,7 +12,7 @@ from typing import Any
 from controlplane.commands.base import CommandBase
 from controlplane.commands.traffic import seconds
 from controlplane.decisions import DecisionContext, append_to
-from controlplane.handlers.admission import admission_record, queued_rows, walked_events
+from controlplane.handlers.admission import queued_records, walked_events
 from controlplane.handlers.admission_pool import (
     PoolCapacity,
     admission_policy,
@@ -74,18 +74,18 @@ def promote_queue(command: CommandBase, ctx: DecisionContext, before: PoolCapaci
         return []
     now = seconds(command.at)
     queue = tuple(admission["queue"])
-    rows = queued_rows(ctx.state, queue)
-    decisions, state = promote(
-        PoolState(admission["live_tokens"], queue, tuple(admission_record(r) for r in rows.values())),
-        now, admission_policy(policy, after.budget_tokens), why)
+    records = queued_records(ctx.state, queue)
+    rules = admission_policy(policy, after.budget_tokens)
+    decisions, state = promote(PoolState(admission["live_tokens"], queue, tuple(records.values())),
+                               now, rules, why)
     if not decisions:
         return []
     inputs = {"command": command.payload(), "pool": after.facts(),
               "admission": {"live_tokens": admission["live_tokens"], "queue": list(queue)}}
     sequences = settled_sequences(admission)
-    promoted = walked_events(command, ctx, decisions, rows, after.pool_id, now, policy, inputs,
+    promoted = walked_events(command, ctx, decisions, records, after.pool_id, now, policy, inputs,
                              [cause_event_id], sequences)
     appends = [append_to(f"request/{e.data['result']['request_id']}", ctx, e) for e in promoted]
     appends.append(pool_event(command, ctx, admission, state.live_tokens, list(state.queue),
-                              promoted, now, admission_policy(policy), slot=pool_slot))
+                              promoted, now, rules, slot=pool_slot))
     return appends

@@ -164,6 +164,12 @@ def apply_decision(state: PoolState, decision: AdmissionDecision, now: float,
     """Fold one recorded decision into the state; a replay or a rejection changes nothing."""
     _validate_policy(policy)
     _validate_time(now)
+    return _applied(state, decision, now, policy, request)
+
+
+def _applied(state: PoolState, decision: AdmissionDecision, now: float, policy: AdmissionPolicy,
+             request: AdmissionRequest | None = None) -> PoolState:
+    """`apply_decision` for a caller that has validated `policy` and `now` already."""
     if decision.action is AdmissionAction.REJECT:
         return state
     record = find_record(state, decision.request_id, now, policy)
@@ -197,7 +203,7 @@ def admit(state: PoolState, request: AdmissionRequest, now: float,
           policy: AdmissionPolicy) -> tuple[AdmissionDecision, PoolState]:
     """Decide and record a request; only admit and queue change counters, a replay changes none."""
     decision = decide_admission(state, request, now, estimated_queue_seconds, policy)
-    return decision, apply_decision(state, decision, now, policy, request)
+    return decision, _applied(state, decision, now, policy, request)
 
 
 def _promotions(state: PoolState, now: float, policy: AdmissionPolicy,
@@ -258,7 +264,7 @@ def release(state: PoolState, request_id: str, now: float,
                     {"freed_tokens": freed, "live_tokens": state.live_tokens,
                      "live_tokens_after": state.live_tokens - freed, "now_seconds": now})
     released = AdmissionDecision(request_id, AdmissionAction.RELEASE, 0, (reason,))
-    state = apply_decision(state, released, now, policy)
+    state = _applied(state, released, now, policy)
     promoted, state = _promote(state, now, policy, "freed live tokens admit the head of the queue")
     return (released, *promoted), state
 
@@ -287,7 +293,7 @@ def _promote(state: PoolState, now: float, policy: AdmissionPolicy,
              message: str) -> tuple[tuple[AdmissionDecision, ...], PoolState]:
     decisions = _promotions(state, now, policy, message)
     for decision in decisions:
-        state = apply_decision(state, decision, now, policy)
+        state = _applied(state, decision, now, policy)
     return tuple(decisions), state
 
 
