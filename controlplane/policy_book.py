@@ -198,8 +198,10 @@ class PolicyBook:
             try:
                 merged = validate_parameters(name, {**parameters, **self.overrides[name]})
             except InputError as error:
-                raise InputError(f"the what-if's {name} parameters do not fit version {version} "
-                                 f"in force in the log: {error}") from None
+                in_force = (f"version {version} in force in the log" if version else
+                            f"the defaults in force (the log sets no {name} policy)")
+                raise InputError(f"the what-if's {name} parameters do not fit {in_force}: "
+                                 f"{error}") from None
             self._merged[key] = orjson.dumps(merged)
         return PolicyInForce(name, "what-if", orjson.loads(self._merged[key]))
 

@@ -399,6 +399,19 @@ def test_a_what_if_that_breaks_a_rule_with_the_recorded_parameters_is_refused_na
     assert report.drifts[0].rederived["result"]["target_replicas"] == 9
 
 
+def test_a_what_if_that_breaks_a_rule_with_the_default_parameters_names_the_defaults(
+        store: EventStore, tmp_path: Path) -> None:
+    """Decided under the defaults (no SetPolicy): the refusal names them, not a "version 0"
+    the log never held."""
+    run(store, *[p for p in fleet("r1") if p["type"] != "SetPolicy"],
+        observe("load-1", 10, arrival=150.0))
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"autoscaling": {"min_replicas": 9}}))
+    with pytest.raises(InputError, match=r"do not fit the defaults in force \(the log sets no "
+                                         r"autoscaling policy\): .*max_replicas may not be below"):
+        verify_decisions(store, PolicyBook(load_overrides(policy_file)))
+
+
 def test_a_what_if_refused_against_the_log_leaves_a_rebuild_unwritten(
         store: EventStore, tmp_path: Path) -> None:
     # Before, --rebuild wrote its ProjectionsRebuilt event, then the what-if was refused.
