@@ -22,11 +22,11 @@ import structlog
 from sqlalchemy.engine import Connection
 
 from controlplane.commands import CommandBase
-from controlplane.decisions import ACCEPTED, DecisionContext
+from controlplane.decisions import ACCEPTED, REJECTED, DecisionContext
 from controlplane.handlers import READS, STREAMS, WARMS, decide_command, rules_version
 from controlplane.policy_book import POLICY_MODELS, POLICY_PROJECTION, PolicyBook
 from controlplane.state.fold import PENDING, apply_event
-from events.model import ConcurrencyConflict, RecordedEvent
+from events.model import ConcurrencyConflict, RecordedEvent, StreamAppend
 from events.store import EventStore
 from events.transaction import LogTransaction, ReadAhead
 
@@ -47,11 +47,17 @@ def _no_streams(command: CommandBase) -> list[str]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What happened to one command: its decision events, and whether this call made them."""
+    """What happened to one command: its decision events, and whether this call made them.
+
+    `waits_for` names the undecided commands, accepted before it, that create what it
+    references: its decision (a rejection) was not recorded, and it stays undecided until they
+    are (`_waits_for`).
+    """
 
     command_id: str
     decided_now: bool
     events: tuple[RecordedEvent, ...]
+    waits_for: tuple[str, ...] = ()
 
     def summary(self) -> dict[str, Any]:
         decision = next((e for e in self.events if "outcome" in e.data), None)
@@ -132,6 +138,7 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
     # command leaves the pending index with its decision, so only those gone are looked up.
     settled = [command_id for command_id in ids if tx.projections.get(PENDING, command_id) is None]
     decided_meanwhile = tx.events_for_commands(settled, ACCEPTED) if settled else {}
+    creators = _PendingCreators(tx)
     for item in prepared:
         decided = decided_meanwhile.get(item.command_id)
         if decided:
@@ -145,13 +152,56 @@ def _decide_in(tx: LogTransaction, prepared: list[Prepared], policies: PolicyBoo
                                   item.accepted.event_id,
                                   rules_version=rules_version(item.command.command_type),
                                   recorded_at=recorded_at)
+        decision = decide_command(item.command, context)
+        waits_for = _waits_for(item, decision, creators)
+        if waits_for:
+            outcomes.append(Outcome(item.command_id, False, (), waits_for))
+            continue
         # No event of this command exists (checked above): skip the look-up.
-        appended = tx.append(decide_command(item.command, context),
-                             check_existing=False, recorded_at=recorded_at)
+        appended = tx.append(decision, check_existing=False, recorded_at=recorded_at)
         for event in appended:
             apply_event(tx.projections, event)
         outcomes.append(Outcome(item.command_id, True, tuple(appended)))
     return outcomes
+
+
+class _PendingCreators:
+    """Each key an undecided command creates, with its accepted position and id: read from
+    the pending table on first need (a rejection of a command that references something)."""
+
+    def __init__(self, tx: LogTransaction) -> None:
+        self._tx = tx
+        self._by_key: dict[str, tuple[int, str]] | None = None
+
+    def before(self, key: str, position: int) -> str | None:
+        """The id of the command accepted before `position` that creates `key`, if it is
+        still undecided."""
+        if self._by_key is None:
+            self._by_key = {key: (row["accepted_position"], command_id)
+                            for command_id, row in self._tx.projections.items(PENDING)
+                            for key in row.get("creates", [])}
+        found = self._by_key.get(key)
+        if found is None or found[0] >= position \
+                or self._tx.projections.get(PENDING, found[1]) is None:
+            return None
+        return found[1]
+
+
+def _waits_for(item: Prepared, decision: list[StreamAppend],
+               creators: _PendingCreators) -> tuple[str, ...]:
+    """The undecided commands accepted before `item` that create what it references, when its
+    decision is a rejection; else none.
+
+    With several workers a later batch can take the append lock first: a release decided
+    before its request's admission was rejected (`unknown_request_id`) for good, and the
+    admission then held its live tokens forever. Such a command is decided after its creators
+    instead (`service.decide` enqueues them together, creators first).
+    """
+    references = item.command.references()
+    if not references or not any(e.event_type == REJECTED for a in decision for e in a.events):
+        return ()
+    waiting = {creators.before(key, item.accepted.position) for _, key in references}
+    return tuple(sorted(c for c in waiting if c is not None))
 
 
 def _streams_hinted(command: CommandBase) -> list[str]:

@@ -160,7 +160,11 @@ def decide(store: EventStore, command_ids: Sequence[str],
     outcomes = [by_id[command_id] for command_id in ids if command_id in by_id]
     issued = [e.command_id for o in outcomes if o.decided_now for e in o.events
               if e.event_type == ACCEPTED and e.command_id]
-    redelivered = [o for o in outcomes if not o.decided_now]
+    # Commands left undecided until their creators are, enqueued after them (`_waits_for`).
+    waiting = [o for o in outcomes if o.waits_for]
+    issued += [*(c for o in waiting for c in o.waits_for), *(o.command_id for o in waiting)]
+    issued = list(dict.fromkeys(issued))
+    redelivered = [o for o in outcomes if not o.decided_now and not o.waits_for]
     if redelivered and enqueue is not None:  # a delivery that died after its commit
         issued += _undecided_follow_ups(store, redelivered)
     if issued and enqueue is not None:

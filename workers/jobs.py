@@ -71,8 +71,13 @@ def decide_commands(command_ids: list[str]) -> dict[str, Any]:
                       effects_until=started + min(timeout / 2, EFFECTS_BUDGET_SECONDS),
                       hand_off=hand_off if job is not None else None)
     decided_now = sum(1 for outcome in outcomes if outcome.decided_now)
+    # Left for after the commands they reference are decided, enqueued again behind them.
+    waiting = sum(1 for outcome in outcomes if outcome.waits_for)
+    already = len(outcomes) - decided_now - waiting
     # How long the batch waited for the append lock and held it: other workers wait that long.
-    bound.info("batch_decided", decided_now=decided_now, already_decided=len(outcomes) - decided_now,
+    bound.info("batch_decided", decided_now=decided_now, already_decided=already,
+               waiting_for_creators=waiting,
                lock_wait_ms=round(1000 * (store.lock_wait_seconds - waited), 1),
                lock_held_ms=round(1000 * (store.lock_held_seconds - held), 1))
-    return {"decided_now": decided_now, "already_decided": len(outcomes) - decided_now}
+    return {"decided_now": decided_now, "already_decided": already,
+            "waiting_for_creators": waiting}

@@ -67,7 +67,8 @@ def test_well_formed_unknown_ids_are_skipped_and_write_nothing(store: EventStore
     accepted = accept(store, [command_adapter.validate_python(assess_memory("known"))])
     head = store.head()
     unknown = [f"unknown-{i}" for i in range(2_000)] + ["events", "drop.table:events", "x--1"]
-    assert decide_commands(unknown) == {"decided_now": 0, "already_decided": 0}
+    assert decide_commands(unknown) == {"decided_now": 0, "already_decided": 0,
+                                        "waiting_for_creators": 0}
     assert store.head() == head
     assert decide_commands(accepted + unknown)["decided_now"] == 1  # known ids still decided
 
