@@ -7,6 +7,7 @@ from typing import Any
 from controlplane.decisions import ACCEPTED, REJECTED
 from controlplane.errors import InputError
 from controlplane.gateway.explain import explain_operation
+from controlplane.state.fold import reading
 from events.model import RecordedEvent
 from events.store import EventStore
 
@@ -18,12 +19,13 @@ def _step(event: RecordedEvent) -> dict[str, Any]:
     step: dict[str, Any] = {"position": event.position, "event_id": event.event_id,
                             "event_type": event.event_type, "stream_id": event.stream_id,
                             "command_id": event.command_id, "occurred_at": event.occurred_at}
-    if "outcome" in data:
-        step.update(outcome=data["outcome"], reasons=data["reasons"], result=data["result"],
-                    policy=data.get("policy"), inputs=data.get("inputs"),
-                    read_position=data.get("read_position"))
-    elif "command" in data:
-        step["command"] = data["command"]
+    with reading(event):
+        if "outcome" in data:
+            step.update(outcome=data["outcome"], reasons=data["reasons"], result=data["result"],
+                        policy=data.get("policy"), inputs=data.get("inputs"),
+                        read_position=data.get("read_position"))
+        elif "command" in data:
+            step["command"] = data["command"]
     return step
 
 

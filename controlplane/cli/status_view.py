@@ -90,8 +90,9 @@ MAX_ROWS = 40
 
 def render_status(report: dict[str, Any]) -> str:
     projections: dict[str, Rows] = report["projections"]
-    lines = [f"position {report['requested_position']} is inside a decision: the state as of "
-             f"{report['position']}, before it"] if "requested_position" in report else []
+    lines = [f"position {report['requested_position']} is inside a decision's (or an effect's) "
+             f"events: the state as of {report['position']}, before them"] \
+        if "requested_position" in report else []
     lines.append(f"log position {report['position']}; "
                  f"{len(projections.get('pending', {}))} command(s) awaiting a decision")
     for name in sorted(projections, key=lambda n: (n not in VIEWS, n)):

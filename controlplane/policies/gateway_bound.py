@@ -72,7 +72,8 @@ def bound_request(request: DispatchRequest, profile: Profile, tenant: Tenant) ->
     if input_tokens + output_tokens > profile.context_window_tokens:
         reasons.append(Reason("context_window_exceeded", "input plus output exceed the context window",
                               {"total_tokens": input_tokens + output_tokens,
-                               "context_window_tokens": profile.context_window_tokens}))
+                               "context_window_tokens": profile.context_window_tokens,
+                               **_counted_by(profile)}))
     allowed = profile.capabilities
     if tenant.allowed_capabilities is not None:
         allowed = allowed & tenant.allowed_capabilities

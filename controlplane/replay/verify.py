@@ -14,7 +14,7 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.commands import parse_command
+from controlplane.commands import CommandBase, parse_command
 from controlplane.decisions import ACCEPTED, DecisionContext, OutsideReads
 from controlplane.handlers import OBSERVATIONS, decide_command, rules_version
 from controlplane.policy_book import PolicyBook
@@ -22,7 +22,7 @@ from controlplane.replay.boundaries import continues_decision
 from controlplane.replay.diff import comparable_json, key_differs
 from controlplane.replay.fold import ProgressFn
 from controlplane.replay.versions import StreamVersions
-from controlplane.state.fold import apply_event
+from controlplane.state.fold import apply_event, reading
 from events.model import RecordedEvent
 from events.projections import MemoryProjections
 from events.store import EventStore
@@ -123,7 +123,7 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
     what_if = bool(policies.overrides)
     state = MemoryProjections()
     versions = StreamVersions(store)
-    commands: dict[str, tuple[dict[str, Any], str]] = {}
+    commands: dict[str, tuple[CommandBase, str]] = {}
     report = VerifyReport()
     group: list[RecordedEvent] = []
     # Observations of the open decision's command, folded once it is complete. Effects append
@@ -158,8 +158,9 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
             if not joins:
                 settle()
             if event.event_type == ACCEPTED:
-                commands[event.data["command"]["command_id"]] = (event.data["command"],
-                                                                   event.event_id)
+                with reading(event):
+                    command = parse_command(event.data["command"])
+                commands[command.command_id] = (command, event.event_id)
             if joins or (event.event_type != ACCEPTED and event.command_id in commands
                          and event.event_type not in OBSERVATIONS):
                 group.append(event)  # the decision's, or the first event of the next one
@@ -176,7 +177,7 @@ def _fold_one(state: MemoryProjections, versions: StreamVersions, event: Recorde
     apply_event(state, event)
 
 
-def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any], str]],
+def _check(group: list[RecordedEvent], commands: dict[str, tuple[CommandBase, str]],
            state: MemoryProjections, versions: StreamVersions, policies: PolicyBook,
            what_if: bool, report: VerifyReport) -> None:
     """Re-derive the decision `group` holds from its command, the state folded before it and
@@ -184,8 +185,7 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[dict[str, Any],
     for a decision recorded before such reads were recorded: `OutsideReads`); add a drift to
     `report` where it comes out differently."""
     first = group[0]
-    payload, accepted_id = commands.pop(first.command_id or "")
-    command = parse_command(payload)
+    command, accepted_id = commands.pop(first.command_id or "")
     decision = next((e.data for e in group if "outcome" in e.data), {})
     # Decided at the time its events were recorded at (one append: they share it), with what
     # it read from outside the log as it recorded it.

@@ -6,6 +6,8 @@ Each domain module lists its projectors in `PROJECTORS`; this is the one registr
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from controlplane.decisions import ACCEPTED
 from controlplane.discovery import domain_modules
@@ -33,21 +35,32 @@ for _domain in domain_modules(sys.modules[__package__ or "controlplane.state"], 
         ALL_PROJECTORS.setdefault(_event_type, []).extend(_projectors)
 
 
-# What a projector raises on data without the shape its event type carries.
+# What reading data without the shape its event type carries raises (pydantic's
+# ValidationError, for a recorded command, is a ValueError).
 _MISSHAPEN = (LookupError, TypeError, ValueError, AttributeError)
+
+
+@contextmanager
+def reading(event: RecordedEvent, what: str = "read") -> Iterator[None]:
+    """Raise `UnreadableEvent` naming `event` for an error its data's shape causes inside: a
+    key, a GPU or a field it should hold missing, a value of the wrong type. A row edited
+    outside the control plane does that (`fleetctl verify` shows whether the chain was
+    broken), or a defect in what reads it."""
+    try:
+        yield
+    except _MISSHAPEN as error:
+        raise UnreadableEvent(event.position, event.event_type, event.stream_id,
+                              f"it cannot be {what} ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''})") from error
 
 
 def apply_event(state: StateStore, event: RecordedEvent) -> None:
     """Fold one event: any decision settles its command; typed projectors do the rest.
 
-    An event whose data a projector cannot fold (a key or a GPU it names missing, a value of
-    the wrong type: a row edited outside the control plane) raises `UnreadableEvent` naming it.
+    An event whose data a projector cannot fold raises `UnreadableEvent` naming it (`reading`).
     """
     if event.event_type != ACCEPTED and event.command_id is not None:
         state.delete(PENDING, event.command_id)
-    try:
+    with reading(event, "folded"):
         for projector in ALL_PROJECTORS.get(event.event_type, ()):
             projector(state, event)
-    except _MISSHAPEN as error:
-        raise UnreadableEvent(event.position, event.event_type, event.stream_id,
-                              f"it cannot be folded ({type(error).__name__}: {error})") from error

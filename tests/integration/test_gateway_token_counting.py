@@ -68,3 +68,15 @@ def test_a_profile_by_default_counts_whitespace_words_and_records_no_rule(
     assert "token_counting" not in registered.payload()
     assert registered.model_copy(update={"token_counting": "utf8_bytes"}).payload()[
         "token_counting"] == "utf8_bytes"
+
+
+def test_a_context_window_refusal_under_a_byte_count_names_the_rule(
+        gateway: GatewayDriver) -> None:
+    count_bytes(gateway)
+    response = gateway.send(dispatch("alice", "k-window", text="y" * 8_000,
+                                     max_output_tokens=1_024))
+    assert (response["outcome"], response["code"]) == ("denied", "context_window_exceeded")
+    [denied] = [e for e in gateway.store.read_stream(gw.operation_stream("acme", "k-window"))
+                if e.event_type == gw.DISPATCH_DENIED]
+    assert denied.data["reasons"][0]["facts"] == {
+        "total_tokens": 9_024, "context_window_tokens": 8_192, "token_counting": "utf8_bytes"}

@@ -22,7 +22,8 @@ def test_status_at_a_position_inside_a_decision_says_where_it_cut(store: EventSt
     text_report = run_cli("status", "--at", str(placed))
     assert text_report.exit_code == 0
     assert text_report.output.splitlines()[0] == (
-        f"position {placed} is inside a decision: the state as of {placed - 1}, before it")
+        f"position {placed} is inside a decision's (or an effect's) events: the state as of "
+        f"{placed - 1}, before them")
     report = json.loads(run_cli("status", "--at", str(placed), "--json").output)
     assert (report["requested_position"], report["position"]) == (placed, placed - 1)
     whole = json.loads(run_cli("status", "--at", str(reserved), "--json").output)

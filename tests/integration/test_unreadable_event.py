@@ -6,6 +6,8 @@ form, `status --at`, `log`) say which event they cannot read and exit 3 with one
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sqlalchemy import text
 
@@ -63,3 +65,29 @@ def test_a_fold_error_names_the_event_and_keeps_its_cause(store: EventStore) -> 
     with pytest.raises(UnreadableEvent) as raised:
         compare_with_live(store)
     assert raised.value.position == position and isinstance(raised.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize(("event_type", "edit", "args"), [
+    ("CommandAccepted", "json_remove(data, '$.command.replica_id')", ("replay", "--verify")),
+    ("CommandAccepted", "json_set(data, '$.command.type', 'Nope')", ("replay", "--verify")),
+    ("CommandAccepted", "'{}'", ("replay", "--verify")),
+    ("ReplicaPlaced", "json_remove(data, '$.reasons')", ("explain", "place-r1")),
+], ids=["a-command-field-removed", "an-unknown-command-type", "no-command", "no-reasons"])
+def test_re_deriving_or_explaining_an_edited_event_names_it(
+        store: EventStore, tmp_path: Path, event_type: str, edit: str,
+        args: tuple[str, ...]) -> None:
+    placed_fleet(store)
+    with store.engine.begin() as conn:
+        position = int(conn.execute(text(
+            "SELECT position FROM events WHERE event_type = :type AND command_id = 'place-r1'"),
+            {"type": event_type}).scalar_one())
+        conn.execute(text(f"UPDATE events SET data = {edit} WHERE position = {position}"))
+    policy = tmp_path / "whatif.json"
+    policy.write_text('{"memory": {"usable_fraction": 0.8}}', encoding="utf-8")
+    runs = [args, ("replay", "--policy", str(policy))] if args[0] == "replay" else [args]
+    for run_args in runs:
+        result = run_cli(*run_args)
+        assert result.exit_code == 3, (run_args, result.stderr)
+        assert f"event {position} ({event_type} on " in result.stderr
+        assert "cannot be read" in result.stderr and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, (run_args, result.stderr)
