@@ -115,7 +115,9 @@ def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase
     accepted = accept(store, commands, lines)
     undecided = _with_undecided_resubmissions(store, commands, accepted)
     if unreachable is not None:
-        raise unreachable
+        raise OperationalError(
+            f"{unreachable}; {len(undecided)} command(s) are recorded in the inbox, undecided: "
+            "once Redis answers, `fleetctl reconcile` (or submitting again) enqueues them")
     job_ids = enqueue_commands(connection, settings, undecided)
     ran = _run_embedded_if_needed(settings, connection, deadline)
     return Submitted(accepted, job_ids, ran)

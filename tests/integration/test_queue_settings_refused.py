@@ -143,3 +143,16 @@ def test_a_worker_queue_option_rq_cannot_use_is_refused_naming_the_option(
     assert result.exit_code == 2, result.stderr
     assert "--queues" in result.stderr and repr(name) in result.stderr, result.stderr
     assert not database_file(tmp_path).exists()
+
+
+def test_a_submit_to_an_unreachable_redis_says_its_commands_wait_in_the_inbox(
+        commands: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inbox is written before the queue is reached: the operator is told, and how the
+    commands are enqueued later (they had been left in the inbox without a word)."""
+    monkeypatch.setenv("FLEET_REDIS_URL", "redis://127.0.0.1:1/3")
+    result = run_cli("submit", str(commands))
+    assert result.exit_code == 3
+    assert result.stderr.startswith("error: Redis at redis://127.0.0.1:1/3 is unreachable")
+    assert "command(s) are recorded in the inbox, undecided" in result.stderr
+    assert "`fleetctl reconcile`" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
