@@ -44,6 +44,15 @@ def log_level_number(name: str, source: str) -> int:
     return logging.getLevelNamesMapping()[name.upper()]
 
 
+_configured: list[str] = []  # the level name configure_logging last set
+
+
+def configured_level() -> str | None:
+    """The level name `configure_logging` last set in this process, if it ran: what the
+    processes it starts are given (FLEET_LOG_LEVEL), so `--log-level` reaches them too."""
+    return _configured[-1] if _configured else None
+
+
 def configure_logging(level: str | None = None) -> None:
     """Route every log line to stderr; results alone go to stdout. `level` (else
     FLEET_LOG_LEVEL, else WARNING) must be a standard level name: InputError otherwise."""
@@ -54,6 +63,7 @@ def configure_logging(level: str | None = None) -> None:
         numeric = log_level_number(from_env, "FLEET_LOG_LEVEL")
     else:
         numeric = logging.WARNING
+    _configured[:] = [logging.getLevelName(numeric)]
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer(colors=True) if sys.stderr.isatty()
         else structlog.processors.JSONRenderer(serializer=json_line))

@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from controlplane.errors import OperationalError
+from controlplane.logging import configured_level
 from controlplane.settings import Settings
 from workers.processes import kill_process_tree
 from workers.runner import RECONNECT_FIRST_SECONDS, STABLE_SECONDS, SUPERVISOR_ENV
@@ -149,6 +150,9 @@ class WorkerProcesses:
         for name in queues:
             self._args += ["--queues", name]
         self._env = {**os.environ, "FLEET_REDIS_URL": redis_url, SUPERVISOR_ENV: str(os.getpid())}
+        level = configured_level()  # `fleetctl --log-level` reaches the workers too
+        if level is not None:
+            self._env["FLEET_LOG_LEVEL"] = level
         self.burst, self.grace_seconds = burst, grace_seconds
         self.processes: list[subprocess.Popen[bytes]] = []
         self._started: list[float] = []

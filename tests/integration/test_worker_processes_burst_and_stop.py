@@ -4,6 +4,7 @@ within the grace period, work horses too, without a traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -163,3 +164,23 @@ def test_a_signal_stops_a_lone_burst_worker_after_its_job_with_exit_130(
     assert 0 < len(pending_command_ids(store)) < len(ids)
     store.engine.dispose()
 
+
+
+def test_the_log_level_given_on_the_command_line_reaches_every_worker_process(
+        sqlite_url: str, real_redis: Redis, workers_run: list[subprocess.Popen[str]]) -> None:
+    # Before, `fleetctl --log-level INFO worker --processes 2` printed nothing: the processes it
+    # started logged at FLEET_LOG_LEVEL's level (WARNING), not the option's.
+    store = open_store(sqlite_url)
+    accept_and_enqueue(store, real_redis, count=10, batch_size=5)
+    environment = fleetctl_environment(sqlite_url, FLEET_REDIS_URL=os.environ["FLEET_REDIS_URL"],
+                                       FLEET_QUEUE=os.environ["FLEET_QUEUE"])
+    environment.pop("FLEET_LOG_LEVEL", None)
+    run = start_fleetctl("--log-level", "INFO", "worker", "--burst", "--processes", "2",
+                         env=environment)
+    workers_run.append(run)
+    _, stderr = run.communicate(timeout=120)
+    assert run.returncode == 0, stderr
+    batches = [json.loads(line) for line in stderr.splitlines() if '"batch_decided"' in line]
+    assert sum(batch["decided_now"] for batch in batches) == 10, stderr
+    assert len({batch["job_pid"] for batch in batches}) >= 2, stderr  # more than one process
+    store.engine.dispose()
