@@ -6,6 +6,7 @@ import gc
 import os
 from pathlib import Path
 
+from alembic.util.exc import CommandError as AlembicCommandError
 from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.errors import InputError, OperationalError
@@ -48,6 +49,12 @@ def open_store(database_url: str, migrate: bool = True,
     if migrate:
         try:
             ensure_schema(engine)
+        except AlembicCommandError as error:  # a revision this code has no migration for
+            engine.dispose()
+            raise OperationalError(
+                f"cannot open the database: its schema is at a revision this fleetctl does not "
+                f"know ({str(error).splitlines()[0]}): a newer fleetctl migrated it; run that "
+                "version here too") from None
         except SQLAlchemyError as error:
             raise OperationalError(
                 f"cannot open the database: {error.__class__.__name__}: {error.orig}"
