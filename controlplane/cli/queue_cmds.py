@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from controlplane.catalog.errors import CatalogError
+from controlplane.catalog.registry import FIXTURES_ENV, fixtures_dir, load_catalog
 from controlplane.cli.context import WAIT_SECONDS, settings_and_store
 from controlplane.cli.output import announce, emit, fail
 from controlplane.commands import CommandBase
@@ -154,6 +156,7 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
     `fleetctl reconcile`. Never a traceback; no process left behind.
     """
     settings, store = settings_and_store()
+    _catalog_readable()
     queues = queue_names or settings.queues
     url = redis_url_in_use(settings)
     if not burst and url is not None:
@@ -201,6 +204,17 @@ def _interrupted(ctx: click.Context) -> None:
     ctx.exit(130)
 
 
+def _catalog_readable() -> None:
+    """InputError naming FLEET_FIXTURES_DIR unless the model and GPU catalog can be read: a
+    worker without it would record each `RegisterModel` by catalog id it decides as rejected
+    (`catalog_unreadable`), for good, for a fault of its own machine."""
+    try:
+        load_catalog()
+    except CatalogError as error:
+        raise InputError(f"{FIXTURES_ENV}: the catalog in {fixtures_dir()} cannot be read "
+                         f"({error.message}); a worker needs it to decide RegisterModel") from None
+
+
 @click.command()
 @click.option("--port", type=click.IntRange(min=0, max=65_535), default=0,
               help="Loopback port for the embedded Redis (0: any free).")
@@ -226,6 +240,7 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
     reconcile`. Never a traceback; no process left behind.
     """
     settings, store = settings_and_store()
+    _catalog_readable()
     up_file = UpFile(settings)
     up_file.refuse_if_held()  # again under its lock below, for an `up` starting at the same time
     # Installed before anything is advertised: a SIGTERM that comes as soon as the announcement

@@ -156,3 +156,17 @@ def test_a_submit_to_an_unreachable_redis_says_its_commands_wait_in_the_inbox(
     assert "command(s) are recorded in the inbox, undecided" in result.stderr
     assert "`fleetctl reconcile`" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [("worker", "--burst"), ("up", "--workers", "0")])
+def test_a_worker_that_cannot_read_the_catalog_refuses_to_start(
+        command: tuple[str, ...], commands: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started anyway, it would record each RegisterModel by catalog id it decided as
+    rejected (`catalog_unreadable`) for good: a fault of its own machine."""
+    monkeypatch.setenv("FLEET_FIXTURES_DIR", str(tmp_path / "nowhere"))
+    result = run_cli(*command)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"error: FLEET_FIXTURES_DIR: the catalog in "
+                                    f"{tmp_path / 'nowhere'} cannot be read")
+    assert len(result.stderr.strip().splitlines()) == 1
