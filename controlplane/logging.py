@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -78,5 +79,35 @@ def configure_logging(level: str | None = None) -> None:
         logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
-    logging.basicConfig(stream=sys.stderr, level=max(numeric, logging.WARNING),
-                        format="%(levelname)s %(name)s: %(message)s")
+    # Libraries' lines (RQ's "exception raised while executing" with its traceback) as ours:
+    # one line each, JSON unless on a terminal, the exception as a field.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter(as_json=not sys.stderr.isatty()))
+    logging.basicConfig(handlers=[handler], level=max(numeric, logging.WARNING))
+
+
+class LineFormatter(logging.Formatter):
+    """A standard-library log record as one line: JSON with structlog's keys (`event`,
+    `level`, `timestamp`) plus `logger` and, when one is attached, `exception` (its type and
+    first line, never the traceback), or `LEVEL logger: message` on a terminal."""
+
+    def __init__(self, as_json: bool) -> None:
+        super().__init__()
+        self.as_json = as_json
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = " ".join(record.getMessage().split())
+        error = record.exc_info[1] if record.exc_info else None
+        exception = None if error is None else \
+            f"{type(error).__name__}: {' '.join(str(error).split())[:500]}"
+        if not self.as_json:
+            return f"{record.levelname} {record.name}: {message}" + \
+                (f" ({exception})" if exception else "")
+        line = {"event": message, "level": record.levelname.lower(), "logger": record.name,
+                "timestamp": self.formatTime(record)}
+        if exception is not None:
+            line["exception"] = exception
+        return json_line(line)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        return datetime.fromtimestamp(record.created, UTC).isoformat().replace("+00:00", "Z")

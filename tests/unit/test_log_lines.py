@@ -20,3 +20,24 @@ def test_an_integer_beyond_64_bits_is_still_written_exactly() -> None:
 
 def test_a_huge_integer_beside_keys_of_mixed_types_still_gives_one_json_line() -> None:
     assert json.loads(json_line({"event": "x", 1: 2**80}))["1"] == 2**80
+
+
+def test_a_librarys_error_with_its_traceback_is_one_json_line_naming_the_exception() -> None:
+    """RQ logs a failed job at ERROR with its traceback: a worker's stderr had sixty plain
+    text lines in the middle of its JSON log for each one."""
+    import subprocess
+    import sys
+
+    script = ("import logging\n"
+              "from controlplane.logging import configure_logging\n"
+              "configure_logging('WARNING')\n"
+              "try:\n    1 / 0\nexcept ZeroDivisionError:\n"
+              "    logging.getLogger('rq.worker').error('job j: raised\\nwhile executing',"
+              " exc_info=True)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60, check=True)
+    [line] = done.stderr.splitlines()
+    record = json.loads(line)
+    assert record["event"] == "job j: raised while executing"
+    assert (record["level"], record["logger"]) == ("error", "rq.worker")
+    assert record["exception"] == "ZeroDivisionError: division by zero"
