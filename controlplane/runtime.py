@@ -40,7 +40,8 @@ def open_store(database_url: str, migrate: bool = True,
         engine = make_engine(database_url)
     except Exception as error:  # sqlalchemy raises ArgumentError, ValueError… for a bad URL
         raise InputError(f"{url_source} is not a usable database URL "
-                         f"({type(error).__name__})") from None
+                         f"({type(error).__name__}); use sqlite:///PATH or "
+                         "postgresql+psycopg://USER@HOST:PORT/DATABASE") from None
     file = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
     if file and file != ":memory:" and not file.startswith("file:") \
             and not Path(file).parent.is_dir():
