@@ -240,6 +240,10 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
     reconcile`. Never a traceback; no process left behind.
     """
     settings, store = settings_and_store()
+    if settings.redis_url is not None:  # submits from here would go there, not to this `up`
+        raise InputError(f"FLEET_REDIS_URL is set ({redacted_url(settings.redis_url)}): `up` "
+                         "serves a Redis of its own; unset it, or run `fleetctl worker` to serve "
+                         "that Redis")
     _catalog_readable()
     up_file = UpFile(settings)
     up_file.refuse_if_held()  # again under its lock below, for an `up` starting at the same time
@@ -256,11 +260,14 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
                             settings.stop_grace_seconds) as children:
         children.start(worker_count)
         path = up_file.path
+        # Only a SQLite database has an up-file that `submit` finds by itself.
+        reach = ("`fleetctl submit` here reaches them (or export FLEET_REDIS_URL={url})"
+                 if path is not None else "export FLEET_REDIS_URL={url} for `fleetctl submit` "
+                 "to reach them")
         announce({"redis_url": server.url, "workers": worker_count,
                   "up_file": None if path is None else str(path)}, as_json,
                  lambda r: f"serving the embedded Redis at {r['redis_url']} with "
-                           f"{r['workers']} worker(s); `fleetctl submit` here reaches them "
-                           f"(or export FLEET_REDIS_URL={r['redis_url']})")
+                           f"{r['workers']} worker(s); " + reach.format(url=r["redis_url"]))
         children.supervise(stop)
 
 

@@ -170,3 +170,14 @@ def test_a_worker_that_cannot_read_the_catalog_refuses_to_start(
     assert result.stderr.startswith(f"error: FLEET_FIXTURES_DIR: the catalog in "
                                     f"{tmp_path / 'nowhere'} cannot be read")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_up_with_a_redis_url_set_is_refused_since_submits_would_go_there(
+        commands: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up` serves a Redis of its own; it had started and said "`fleetctl submit` here
+    reaches them" while submits from that shell went to FLEET_REDIS_URL's."""
+    monkeypatch.setenv("FLEET_REDIS_URL", "redis://user:s3cret@127.0.0.1:1/3")
+    result = run_cli("up", "--workers", "0")
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("error: FLEET_REDIS_URL is set (redis://")
+    assert "s3cret" not in result.stderr and "`fleetctl worker`" in result.stderr
