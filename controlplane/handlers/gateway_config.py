@@ -33,7 +33,6 @@ from controlplane.commands.gateway import (
 from controlplane.decisions import DecisionContext, append_to, decision_data, new_event, rejection
 from controlplane.gateway.world import budget_access_of, budget_of, tenants_drawing_on
 from controlplane.handlers.base import Handler, Precheck
-from controlplane.policies.gateway import TokenCounting
 from controlplane.policies.gateway_budget import reconfigure
 from controlplane.policies.reasons import PolicyInputError, Reason, to_plain
 from controlplane.state import gateway as gw
@@ -184,16 +183,19 @@ def handle_restore_source(command: CommandBase, ctx: DecisionContext) -> list[St
     return _set_source_status(command, ctx, True, gw.SOURCE_RESTORED, "source_restored")
 
 
+_PROFILE_RECORD = frozenset({"profile_id", "model_id", "digest", "approved",
+                             "context_window_tokens", "max_output_tokens", "input_limit_tokens",
+                             "memory", "token_counting"})
+
+
 def handle_register_profile(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, RegisterProfile)
     problem = _operator_problem(command, "profile")
     if problem is not None:
         return rejection(command, ctx, problem, f"profile/{command.profile_id}")
-    record = command.model_dump(mode="json", include={
-        "profile_id", "model_id", "digest", "approved", "context_window_tokens",
-        "max_output_tokens", "input_limit_tokens", "memory"})
-    if command.token_counting != TokenCounting.WHITESPACE_WORDS.value:  # the default is not written,
-        record["token_counting"] = command.token_counting  # so records made before it stay
+    # From the payload, which leaves `token_counting` out at its default: a profile recorded
+    # before the rule existed is recorded as it was.
+    record = {key: value for key, value in command.payload().items() if key in _PROFILE_RECORD}
     record.update(capabilities=sorted(command.capabilities),
                   approved_providers=sorted(command.approved_providers))
     return _record(command, ctx, "profile", command.profile_id, gw.PROFILE_REGISTERED, record,
