@@ -6,7 +6,10 @@ form, `status --at`, `log`) say which event they cannot read and exit 3 with one
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -67,21 +70,37 @@ def test_a_fold_error_names_the_event_and_keeps_its_cause(store: EventStore) -> 
     assert raised.value.position == position and isinstance(raised.value.__cause__, KeyError)
 
 
+def without_replica_id(data: dict[str, Any]) -> dict[str, Any]:
+    del data["command"]["replica_id"]
+    return data
+
+
+def of_unknown_type(data: dict[str, Any]) -> dict[str, Any]:
+    data["command"]["type"] = "Nope"
+    return data
+
+
+def without_reasons(data: dict[str, Any]) -> dict[str, Any]:
+    del data["reasons"]
+    return data
+
+
 @pytest.mark.parametrize(("event_type", "edit", "args"), [
-    ("CommandAccepted", "json_remove(data, '$.command.replica_id')", ("replay", "--verify")),
-    ("CommandAccepted", "json_set(data, '$.command.type', 'Nope')", ("replay", "--verify")),
-    ("CommandAccepted", "'{}'", ("replay", "--verify")),
-    ("ReplicaPlaced", "json_remove(data, '$.reasons')", ("explain", "place-r1")),
+    ("CommandAccepted", without_replica_id, ("replay", "--verify")),
+    ("CommandAccepted", of_unknown_type, ("replay", "--verify")),
+    ("CommandAccepted", lambda data: {}, ("replay", "--verify")),
+    ("ReplicaPlaced", without_reasons, ("explain", "place-r1")),
 ], ids=["a-command-field-removed", "an-unknown-command-type", "no-command", "no-reasons"])
 def test_re_deriving_or_explaining_an_edited_event_names_it(
-        store: EventStore, tmp_path: Path, event_type: str, edit: str,
-        args: tuple[str, ...]) -> None:
+        store: EventStore, tmp_path: Path, event_type: str,
+        edit: Callable[[dict[str, Any]], dict[str, Any]], args: tuple[str, ...]) -> None:
     placed_fleet(store)
-    with store.engine.begin() as conn:
-        position = int(conn.execute(text(
-            "SELECT position FROM events WHERE event_type = :type AND command_id = 'place-r1'"),
-            {"type": event_type}).scalar_one())
-        conn.execute(text(f"UPDATE events SET data = {edit} WHERE position = {position}"))
+    with store.engine.begin() as conn:  # edited in Python: the same on SQLite and PostgreSQL
+        position, data = conn.execute(text(
+            "SELECT position, data FROM events WHERE event_type = :type "
+            "AND command_id = 'place-r1'"), {"type": event_type}).one()
+        conn.execute(text("UPDATE events SET data = :data WHERE position = :position"),
+                     {"data": json.dumps(edit(json.loads(data))), "position": position})
     policy = tmp_path / "whatif.json"
     policy.write_text('{"memory": {"usable_fraction": 0.8}}', encoding="utf-8")
     runs = [args, ("replay", "--policy", str(policy))] if args[0] == "replay" else [args]
