@@ -49,18 +49,28 @@ def reading(event: RecordedEvent, what: str = "read") -> Iterator[None]:
     try:
         yield
     except _MISSHAPEN as error:
-        raise UnreadableEvent(event.position, event.event_type, event.stream_id,
-                              f"it cannot be {what} ({type(error).__name__}: "
-                              f"{str(error).splitlines()[0] if str(error) else ''})") from error
+        raise unreadable(event, what, error) from error
+
+
+def unreadable(event: RecordedEvent, what: str, error: Exception) -> UnreadableEvent:
+    """The `UnreadableEvent` naming `event` for `error`, raised reading it (see `reading`)."""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return UnreadableEvent(event.position, event.event_type, event.stream_id,
+                           f"it cannot be {what} ({type(error).__name__}: {first_line})")
 
 
 def apply_event(state: StateStore, event: RecordedEvent) -> None:
     """Fold one event: any decision settles its command; typed projectors do the rest.
 
-    An event whose data a projector cannot fold raises `UnreadableEvent` naming it (`reading`).
+    An event whose data a projector cannot fold raises `UnreadableEvent` naming it (as
+    `reading` would; a plain try here, which costs nothing until it catches: replay folds
+    every event through it, and a context manager per event made folding the demo's log 1.5
+    to 1.7 times slower, measured side by side).
     """
     if event.event_type != ACCEPTED and event.command_id is not None:
         state.delete(PENDING, event.command_id)
-    with reading(event, "folded"):
+    try:
         for projector in ALL_PROJECTORS.get(event.event_type, ()):
             projector(state, event)
+    except _MISSHAPEN as error:
+        raise unreadable(event, "folded", error) from error
