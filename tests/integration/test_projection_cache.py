@@ -320,3 +320,29 @@ def test_a_view_whose_build_fails_leaves_no_stale_rows_behind(store: EventStore)
     finally:
         here.engine.dispose()
         other.engine.dispose()
+
+
+def test_a_write_to_a_projection_another_process_moved_is_not_lost_when_it_is_next_read(
+        store: EventStore, database_url: str) -> None:
+    """The first touch of a stale projection in a transaction is a write: the cache brings the
+    projection up to date before taking it, so the next read (here, the GPU index) neither
+    misses the other process's change nor reloads the stored row over this write."""
+    deciding = store_for_process()
+    run(deciding, register_node("n1", gpus=2), register_node("n2", gpus=2), register_model(),
+        place("r1"))  # this process holds the fleet's rows and GPU index
+    with deciding.transaction() as tx:
+        gpu_index(tx.projections, 0.9)
+    decide_elsewhere(database_url, place("r0"))  # another process moves the fleet
+    with store.engine.connect() as conn:
+        nodes = {node_id: SqlProjections(conn).get(NODE, node_id) for node_id in ("n1", "n2")}
+    node_id, gpu_id, row = next((node_id, gpu_id, row) for node_id, row in nodes.items()
+                                if row is not None for gpu_id, gpu in row["gpus"].items()
+                                if gpu.get("reserved_by") is None)
+    mine = {**row, "gpus": {**row["gpus"], gpu_id: {**row["gpus"][gpu_id], "reserved_by": "mine"}}}
+    with pytest.raises(RuntimeError), deciding.transaction() as tx:
+        tx.projections.put(NODE, node_id, mine)  # the transaction's first touch of the nodes
+        held = {gpu.identifier for gpu in gpu_index(tx.projections, 0.9).inventory()
+                if gpu.reserved}
+        raise RuntimeError("rolled back: the write was only to be read")
+    assert held == {f"{node}{GPU_ID_SEPARATOR}{gpu}" for node, gpu in
+                    gpu_holds(store.read_all())} | {f"{node_id}{GPU_ID_SEPARATOR}{gpu_id}"}
