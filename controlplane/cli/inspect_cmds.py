@@ -114,8 +114,11 @@ def _ruled_out(facts: dict[str, Any]) -> list[str]:
 def _render_explanation(report: dict[str, Any]) -> str:
     lines = []
     for step in report["chain"]:
+        # An accepted command says which it is: its stream is the shared inbox.
+        accepted = (f": {step['command'].get('type')} {step['command_id']}"
+                    if isinstance(step.get("command"), dict) else "")
         lines.append(f"#{step['position']} {step['event_type']} on {step['stream_id']}"
-                     + (f": {step['outcome']}" if step.get("outcome") else ""))
+                     + (f": {step['outcome']}" if step.get("outcome") else accepted))
         for reason in step.get("reasons", []):
             lines.append(f"    {reason['code']}: {reason['message']}")
             ruled = _ruled_out(reason.get("facts") or {})

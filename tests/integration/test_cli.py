@@ -78,6 +78,14 @@ def test_inspection_commands_answer_in_json(tmp_path: Path) -> None:
     assert explained["chain"][-1]["event_type"] == "CommandAccepted"
 
 
+def test_explain_names_the_command_an_inbox_line_accepted(tmp_path: Path) -> None:
+    # Every accepted command is on the one inbox stream: "#2 CommandAccepted on inbox" alone
+    # did not say which command a chain reached.
+    run_cli("submit", str(write_lines(tmp_path / "c.jsonl", assess_memory("x"))))
+    lines = run_cli("explain", "x").output.splitlines()
+    assert lines[-1].endswith("CommandAccepted on inbox: AssessMemory x"), lines
+
+
 def test_explain_shows_a_command_accepted_but_not_decided_as_awaiting_its_decision(
         tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Before: "no event, command, request, replica or stream with id", while `status` counted it.
