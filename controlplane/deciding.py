@@ -25,7 +25,7 @@ from controlplane.commands import CommandBase
 from controlplane.decisions import ACCEPTED, REJECTED, DecisionContext
 from controlplane.handlers import READS, STREAMS, WARMS, decide_command, rules_version
 from controlplane.policy_book import POLICY_MODELS, POLICY_PROJECTION, PolicyBook
-from controlplane.state.fold import PENDING, apply_event
+from controlplane.state.fold import PENDING, apply_event, pending_creators
 from events.model import ConcurrencyConflict, RecordedEvent, StreamAppend
 from events.store import EventStore
 from events.transaction import LogTransaction, ReadAhead
@@ -177,9 +177,7 @@ class _PendingCreators:
         """The id of the command accepted before `position` that creates `key`, if it is
         still undecided."""
         if self._by_key is None:
-            self._by_key = {key: (row["accepted_position"], command_id)
-                            for command_id, row in self._tx.projections.items(PENDING)
-                            for key in row.get("creates", [])}
+            self._by_key = pending_creators(self._tx.projections)
         found = self._by_key.get(key)
         if found is None or found[0] >= position \
                 or self._tx.projections.get(PENDING, found[1]) is None:

@@ -15,7 +15,7 @@ from controlplane.errors import FieldProblem, SubmissionRejected
 from controlplane.handlers import EFFECTS, PRECHECKS, RESUMABLE, UNFINISHED
 from controlplane.handlers.base import RefuseExisting
 from controlplane.policy_book import PolicyBook
-from controlplane.state.fold import ENTITY, PENDING, apply_event
+from controlplane.state.fold import ENTITY, PENDING, apply_event, pending_creators
 from events.model import NewEvent, StreamAppend, derived_event_id
 from events.projections import SqlProjections
 from events.store import EventStore
@@ -111,8 +111,7 @@ def precheck(tx: LogTransaction, commands: Sequence[CommandBase],
                 if isinstance(check, RefuseExisting)]
     references = [(ENTITY, key) for c in commands for _, key in c.references()]
     # What undecided commands create: read (the whole pending table) only if a check needs it.
-    declared = {key for _, row in tx.projections.items(PENDING) for key in row.get("creates", [])} \
-        if references or creators else set()
+    declared = set(pending_creators(tx.projections)) if references or creators else set()
     # The rows the checks below read, in one query per projection rather than one per command.
     tx.projections.prefetch([*references, *(check.key(c) for c, check in creators)])
     problems = []

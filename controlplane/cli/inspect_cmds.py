@@ -46,8 +46,9 @@ def status(at_position: int | None, as_json: bool) -> None:
     else:
         # Never inside a decision: a state folded there was never committed (`whole_decisions_cut`),
         # and the report says where it moved the cut, as `replay --to` does.
-        position = whole_decisions_cut(store, min(at_position, head))
-        if position != min(at_position, head):
+        wanted = min(at_position, head)
+        position = whole_decisions_cut(store, wanted)
+        if position != wanted:
             cut["requested_position"] = at_position
         projections = state_at(store, position).snapshot()
     emit({"position": position, **cut, "projections": projections,

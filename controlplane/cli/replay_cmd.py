@@ -27,10 +27,9 @@ def _render(report: dict[str, Any]) -> str:
                          f"{report['differences_repaired']} row(s) rewritten "
                          f"({_rows(repaired, report['differences_repaired'])})")
     if "state" in report:
-        cut = {"requested_position": report["requested_position"]} \
-            if "requested_position" in report else {}
-        lines.append(render_status({"position": report["position"], **cut,
-                                    "projections": report["state"],
+        where: dict[str, Any] = {key: report[key] for key in ("position", "requested_position")
+                                 if key in report}
+        lines.append(render_status({**where, "projections": report["state"],
                                     "pool_budgets": pool_budgets(report["state"])}))
     if "projection_differences" in report:
         differences = report["projection_differences"]

@@ -14,7 +14,7 @@ from controlplane.discovery import domain_modules
 from controlplane.state import memory
 from controlplane.state.base import Projector
 from events.model import RecordedEvent, UnreadableEvent
-from events.projections import StateStore
+from events.projections import StateStore, StateView
 
 PENDING = "pending"
 # Every named thing the fleet knows (`node/n1`, `pool/p`, …): what command references resolve to.
@@ -33,6 +33,14 @@ ALL_PROJECTORS: dict[str, list[Projector]] = {ACCEPTED: [_accepted]}
 for _domain in domain_modules(sys.modules[__package__ or "controlplane.state"], "PROJECTORS"):
     for _event_type, _projectors in _domain.PROJECTORS.items():
         ALL_PROJECTORS.setdefault(_event_type, []).extend(_projectors)
+
+
+def pending_creators(state: StateView) -> dict[str, tuple[int, str]]:
+    """Each entity key an undecided command creates (`creates`), with that command's accepted
+    position and id: the whole pending table, read by submit's checks and by a decision that
+    may wait for its creator."""
+    return {key: (row["accepted_position"], command_id)
+            for command_id, row in state.items(PENDING) for key in row.get("creates", [])}
 
 
 # What reading data without the shape its event type carries raises (pydantic's
