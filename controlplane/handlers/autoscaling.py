@@ -94,6 +94,29 @@ def _keep_from(window: list[dict[str, Any]], now: float, stabilization_seconds: 
     return max(covering) if covering else None
 
 
+def autoscaler_clock(command: ObserveLoad, row: dict[str, Any]) -> tuple[float, Reason | None]:
+    """The time a decision is made at: the command's `at`, unless the pool's autoscaler has
+    already decided on a later time (a newer observation in its window, or a later scale).
+
+    With several workers an observation accepted first can be decided after a later one (see
+    the README's "Order across batches"), and an operator's scrapers can report late: the late
+    observation still joins the window, and the autoscaler's clock never runs backwards (a
+    decision at its own older `at` would find the window's newer observations in its future
+    and be rejected). Returns the time and, when it is not `at`, the reason saying so.
+    """
+    at = seconds(command.at)
+    latest = max([o["timestamp_seconds"] for o in row["window"]]
+                 + [row["last_scale_at_seconds"] or at, at])
+    if latest == at:
+        return at, None
+    return latest, Reason(
+        "observation_late",
+        f"decided at {latest:g} s, the autoscaler's latest time (a later observation or scale "
+        f"of this pool was decided first), not at the command's own time {at:g} s; its "
+        "observations join the window as observed",
+        {"command_at_seconds": at, "decided_at_seconds": latest})
+
+
 def _admitted_load(ctx: DecisionContext, pool_id: str) -> dict[str, Any]:
     """The tokens the pool's admitted requests hold, the admission policy's budget fraction, and
     the admission decision that left them so (None before the pool's first)."""
@@ -141,9 +164,9 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
     stream = autoscaler_stream(command.pool_id)
     policy = ctx.policies.in_force(ctx.state, "autoscaling")
     parameters = policy.parameters
-    now = seconds(command.at)
     pool = ctx.state.get(POOL, command.pool_id) or {"ready": {}, "warming": {}}
     row = ctx.state.get(AUTOSCALER, command.pool_id) or empty_autoscaler(command.pool_id)
+    now, late = autoscaler_clock(command, row)
     window = sorted(row["window"] + _fresh(command), key=observation_key)
     state = _state(pool, row)
     try:
@@ -153,7 +176,7 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
             state, AutoscalingPolicy(**{name: parameters[name] for name in POLICY_FIELDS}), now=now)
     except PolicyInputError as error:
         return rejection(command, ctx, error, stream)
-    reasons = list(decision.reasons)
+    reasons = [*decision.reasons, *([late] if late is not None else [])]
     to_add = max(0, decision.target_replicas - state.desired_replicas)
     if to_add and row["replica_template"] is None:
         # Nothing can be placed, so nothing scales: a hold, which starts no cooldown (recorded
@@ -186,7 +209,7 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
             decision, target_replicas=state.desired_replicas - len(victims),
             action=ScaleAction.SCALE_DOWN if victims else ScaleAction.HOLD)
     acted = decision.action is not ScaleAction.HOLD
-    result = {**_result(command, decision, state, parameters, window),
+    result = {**_result(command, decision, state, parameters, window, now),
               "placements": [{"replica_id": c.replica_id, "command_id": c.command_id}
                              for c in children],
               "releases": victims, "replicas_issued": issued,
@@ -212,9 +235,10 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
 
 
 def _result(command: ObserveLoad, decision: ScaleDecision, state: ScaleState,
-            parameters: dict[str, Any], window: list[dict[str, Any]]) -> dict[str, Any]:
+            parameters: dict[str, Any], window: list[dict[str, Any]],
+            now: float) -> dict[str, Any]:
     stabilization = parameters["scale_down_stabilization_seconds"]
-    keep_from = _keep_from(window, seconds(command.at), stabilization)
+    keep_from = _keep_from(window, now, stabilization)
     limit = parameters["max_window_observations"]
     bucket = window_bucket_seconds(stabilization, limit)
     # What the fold merges the kept window by: this decision's demand rule.
@@ -243,7 +267,10 @@ RULES_VERSIONS: dict[str, int] = {
     #    the largest queued tokens and arrival rate of any (a demand none of them had).
     # 5: a scale-down charges its excess to undecided placements first and releases no replica
     #    in their place (`placements_pending`); a hold names the policy's target it falls short of.
-    "ObserveLoad": 5,
+    # 6: a late observation (its `at` before the autoscaler's newest observation or scale) is
+    #    decided at the autoscaler's latest time (`observation_late`), not rejected as
+    #    `observation_in_future`.
+    "ObserveLoad": 6,
 }
 READS: dict[str, Reads] = {"ObserveLoad": observe_load_reads}
 STREAMS: dict[str, Streams] = {"ObserveLoad": observe_load_streams}

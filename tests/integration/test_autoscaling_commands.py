@@ -4,6 +4,7 @@ warm up, scale-downs wait for the stabilisation window, and what-if shows a cool
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,11 @@ pytestmark = pytest.mark.usefixtures("embedded_queue")
 
 def at(second: int) -> str:
     return f"2026-11-30T14:{second // 60:02d}:{second % 60:02d}Z"
+
+
+def epoch(second: int) -> float:
+    """`at(second)` as the seconds since the epoch that decisions record."""
+    return datetime.fromisoformat(at(second)).timestamp()
 
 
 def observe(command_id: str, second: int, arrival: float, queued: int = 0) -> dict[str, Any]:
@@ -428,3 +434,28 @@ def test_a_what_if_refused_against_the_log_leaves_a_rebuild_unwritten(
     assert json.loads(rebuilt.output)["rebuilt_events"] == head[0]
     assert store.head()[0] == head[0] + 1
 
+
+
+def test_a_late_observation_is_decided_at_the_autoscalers_time_and_its_demand_still_counts(
+        store: EventStore) -> None:
+    """Observed at 40 s but decided after the observation at 50 s (as two workers may decide
+    them): it was rejected as `observation_in_future`, its demand lost. Decided at 50 s, it
+    joins the window, so its peak holds the scale-down until it leaves the 60 s window."""
+    run(store, *fleet("r1", "r2", "r3", scale_down_stabilization_seconds=60.0))
+    run(store, observe("obs-0", 0, arrival=300.0))
+    run(store, observe("obs-50", 50, arrival=50.0))
+    run(store, observe("late-40", 40, arrival=300.0))
+    late = decision(store, "late-40")
+    assert late.data["outcome"] != "rejected"
+    assert [r for r in late.data["reasons"] if r["code"] == "observation_late"] == [{
+        "code": "observation_late", "message": late.data["reasons"][-1]["message"],
+        "facts": {"command_at_seconds": epoch(40), "decided_at_seconds": epoch(50)}}]
+    window = state_at(store).get("autoscaler", POOL)
+    assert window is not None
+    assert epoch(40) in [o["timestamp_seconds"] for o in window["window"]]
+
+    run(store, observe("obs-90", 90, arrival=50.0))
+    assert decision(store, "obs-90").data["outcome"] == "hold"
+    run(store, observe("obs-110", 110, arrival=50.0))
+    assert decision(store, "obs-110").data["outcome"] == "scale_down"
+    assert_replay_exact(store)
