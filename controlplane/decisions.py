@@ -215,13 +215,25 @@ def failed_decision(command: CommandBase, ctx: DecisionContext,
 
 
 def merge_appends(appends: list[StreamAppend], more: list[StreamAppend]) -> list[StreamAppend]:
-    """Combine appends so each stream appears once, at the version first read."""
-    merged: dict[str, StreamAppend] = {a.stream_id: a for a in appends}
+    """`appends` then `more`, in order, where a stream appended again continues at the version
+    its earlier events in this decision end at.
+
+    Every event stays after the events that cause it: a drain's cordon, then each replica's
+    release followed by the GPUs it frees on the node. (Each stream had appeared once, at the
+    place of its first events, so a node's GPUs were recorded freed before the releases that
+    freed them, and their causes pointed forward in the log.)
+    """
+    ends: dict[str, int | None] = {}
+    for append in appends:
+        ends[append.stream_id] = _end(append, append.expected_version)
+    merged = list(appends)
     for extra in more:
-        if extra.stream_id in merged:
-            base = merged[extra.stream_id]
-            merged[extra.stream_id] = StreamAppend(base.stream_id, base.expected_version,
-                                                   [*base.events, *extra.events])
-        else:
-            merged[extra.stream_id] = extra
-    return list(merged.values())
+        expected = ends.get(extra.stream_id, extra.expected_version)
+        merged.append(StreamAppend(extra.stream_id, expected, extra.events))
+        ends[extra.stream_id] = _end(extra, expected)
+    return merged
+
+
+def _end(append: StreamAppend, expected: int | None) -> int | None:
+    """The stream's version after `append`'s events, from the version they are appended at."""
+    return None if expected is None else expected + len(append.events)

@@ -28,9 +28,21 @@ def decision(store: EventStore, command_id: str) -> RecordedEvent:
 
 
 def assert_replay_exact(store: EventStore) -> None:
-    """Every decision re-derives identically and the rebuilt projections equal the live ones."""
+    """Every decision re-derives identically, the rebuilt projections equal the live ones and
+    every cause precedes its effect."""
     assert verify_decisions(store).drifts == []
     assert compare_with_live(store) == []
+    assert_causes_precede_effects(store)
+
+
+def assert_causes_precede_effects(store: EventStore) -> None:
+    """Every event's causation and recorded `causes` are earlier in the log than the event."""
+    events = list(store.read_all())
+    positions = {e.event_id: e.position for e in events}
+    forward = [(e.position, e.event_type, cause, positions[cause]) for e in events
+               for cause in [e.causation_id, *(e.data.get("causes") or [])]
+               if cause in positions and positions[cause] >= e.position]
+    assert forward == []
 
 
 @contextmanager

@@ -269,7 +269,7 @@ RULES_VERSIONS: dict[str, int] = {
     #    in their place (`placements_pending`); a hold names the policy's target it falls short of.
     # 6: a late observation (its `at` before the autoscaler's newest observation or scale) is
     #    decided at the autoscaler's latest time (`observation_late`), not rejected as
-    #    `observation_in_future`.
+    #    `observation_in_future`; a scale-down's freed GPUs follow each release in the log.
     "ObserveLoad": 6,
 }
 READS: dict[str, Reads] = {"ObserveLoad": observe_load_reads}

@@ -215,6 +215,9 @@ RULES_VERSIONS: dict[str, int] = {
     # 3: the catalog entry used (or why it could not be read) is recorded in the decision's
     #    inputs (`outside_reads`), and re-derivation uses it instead of today's catalog files.
     "RegisterModel": 3,
+    # 2: each released replica's freed GPUs follow its release in the log (they had all been
+    #    recorded with the cordon, before the releases that caused them).
+    "DrainNode": 2,
 }
 PRECHECKS: dict[str, Precheck] = {
     "SetPolicy": precheck_set_policy,

@@ -14,7 +14,7 @@ from controlplane.replay import compare_with_live, verify_decisions
 from controlplane.submission import read_submission
 from events.store import EventStore
 from tests.factories import place_replica, register_model, register_node
-from tests.fleet_helpers import decision, run
+from tests.fleet_helpers import assert_replay_exact, decision, run
 
 pytestmark = pytest.mark.usefixtures("embedded_queue")
 
@@ -72,6 +72,20 @@ def test_release_frees_gpus_and_drain_releases_every_replica_on_a_node(store: Ev
     released = [e.data["result"]["replica_id"] for e in decisions(store, "ReplicaReleased")]
     assert released == ["r1", "r2", "r3"]
     assert compare_with_live(store) == [] and verify_decisions(store).drifts == []
+
+
+def test_a_drain_records_each_release_before_the_gpus_it_frees(store: EventStore) -> None:
+    """The cordon, then per replica its release and the GPUs that release frees on the node:
+    with every node event merged into the cordon's append, the GPUs were recorded freed before
+    the releases that caused them."""
+    run(store, register_node("n1", gpus=2), register_model(), place_replica("r1"),
+        place_replica("r2"), {"type": "DrainNode", "node_id": "n1", "command_id": "drain"})
+    recorded = [(e.event_type, e.stream_id) for e in store.events_for_command("drain")
+                if e.event_type != "CommandAccepted"]
+    assert recorded == [("NodeCordoned", "node/n1"),
+                        ("ReplicaReleased", "replica/r1"), ("GpusReleased", "node/n1"),
+                        ("ReplicaReleased", "replica/r2"), ("GpusReleased", "node/n1")]
+    assert_replay_exact(store)
 
 
 def test_a_warming_replica_adds_no_pool_capacity_until_ready(store: EventStore) -> None:
