@@ -47,6 +47,7 @@ from controlplane.policies.speculative import (
     SpeculationCosts,
     SpeculationRound,
     evaluate_speculation_rounds,
+    judge_measured_speedup,
 )
 from controlplane.policy_book import PolicyInForce
 from controlplane.state.rollout import (
@@ -190,6 +191,16 @@ def _measurement(spec: dict[str, Any]) -> ReleaseMeasurement:
     return ReleaseMeasurement(**{**spec, "mode": TrafficMode(spec["mode"])})
 
 
+def _gate_evidence(name: str, gate: dict[str, Any], requirements: dict[str, Any]) -> GateEvidence:
+    """A gate's recorded verdict; the speculation gate's measured speedup is judged again by
+    the minimum in the requirements this evaluation uses (a what-if's, when one applies)."""
+    reasons = tuple(Reason(**r) for r in gate["reasons"])
+    if name != "speculation":
+        return GateEvidence(name, gate["passed"], reasons)
+    passed, reason = judge_measured_speedup(reasons[0], requirements["speculation_minimum_speedup"])
+    return GateEvidence(name, passed, (reason,))
+
+
 def handle_evaluate_canary(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     """Hold, advance, promote or roll back on one measurement's evidence; rollback is terminal."""
     assert isinstance(command, EvaluateCanary)
@@ -226,7 +237,7 @@ def handle_evaluate_canary(command: CommandBase, ctx: DecisionContext) -> list[S
         # Copied from the rollout policy at the start: a what-if of that policy applies to it.
         requirements = ctx.policies.as_recorded("rollout", rollout["requirements_version"],
                                                 requirements).parameters
-    gates = [GateEvidence(name, gate["passed"], tuple(Reason(**r) for r in gate["reasons"]))
+    gates = [_gate_evidence(name, gate, requirements)
              for name, gate in sorted(measurement["gates_in_force"].items())]
     state = RolloutState(RolloutStage(rollout["stage"]), rollout["canary_step"],
                          rollout["candidate_traffic_percent"], tuple(rollout["deciding_codes"]))

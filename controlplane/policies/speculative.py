@@ -103,6 +103,20 @@ def _gate(speedup: float, minimum_speedup: float, facts: dict[str, float | int])
                   f"measured speedup {speedup:.2f}x misses the {minimum_speedup:.2f}x gate", facts)
 
 
+def judge_measured_speedup(gate: Reason, minimum_speedup: float) -> tuple[bool, Reason]:
+    """A recorded gate reason (`speedup_clears_gate` or `speedup_misses_gate`) judged again
+    against `minimum_speedup`: the evidence measured once is judged by the minimum in force
+    where it is used, so a what-if of the minimum changes the verdict. With the minimum it was
+    recorded with, the same verdict and the same reason."""
+    require(gate.code in ("speedup_clears_gate", "speedup_misses_gate"), "gate_not_speedup",
+            "gates", f"{gate.code} is not a speculation speedup verdict")
+    facts = {name: value for name, value in gate.facts.items()
+             if name not in ("estimated_speedup", "minimum_speedup")}
+    speedup = gate.facts["estimated_speedup"]
+    reason = _gate(speedup, minimum_speedup, facts)
+    return speedup >= minimum_speedup, reason
+
+
 def evaluate_speculation(draft_tokens: Sequence[int], target_tokens: Sequence[int],
                          costs: SpeculationCosts,
                          minimum_speedup: float = 1.0) -> SpeculationDecision:

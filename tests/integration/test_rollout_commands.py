@@ -290,3 +290,26 @@ def test_a_speculation_round_whose_target_misses_the_bonus_position_is_refused_a
     assert "speculation.rounds.1" in refused.stderr
     assert "target_tokens must be longer than draft_tokens" in refused.stderr
     assert store.head()[0] == before
+
+
+SPECULATION = {"rounds": [{"draft_tokens": [1, 2, 3], "target_tokens": [1, 2, 3, 4]}] * 4,
+               "costs": {"baseline_seconds_per_token": 0.02, "draft_seconds_per_token": 0.002,
+                         "verification_seconds_per_round": 0.025}}
+
+
+def test_a_what_if_of_the_minimum_speedup_judges_the_measured_speculation_again(
+        store: EventStore, tmp_path: Path) -> None:
+    """The speculation gate's verdict was fixed when its measurement was recorded, which reads
+    no policy: a what-if of `speculation_minimum_speedup` changed no evaluation. The evaluation
+    judges the measured speedup (2.58x) by the minimum it uses, so 1,000x rolls it back."""
+    run(store, *start())
+    run(store, measure("m1", "shadow"))
+    run(store, {**measure("m2", "shadow"), "speculation": SPECULATION})
+    assert (evaluation(store, "m2").data["outcome"], rollout(store)["stage"]) == ("advance", "canary")
+    assert_replay_exact(store)
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(json.dumps({"rollout": {"speculation_minimum_speedup": 1000.0}}))
+    report = verify_decisions(store, PolicyBook(load_overrides(policy_file)))
+    drifted = {d.command_id: d for d in report.drifts}
+    assert drifted["m2:evaluate"].rederived["outcome"] == "rollback"
+    assert drifted["m2:evaluate"].rederived["reasons"] == ["gate_evidence_failed"]
