@@ -90,6 +90,16 @@ class RevokePrincipal(_TenantCommand):
         return [("principal_id", f"principal/{self.principal_id}")]
 
 
+class RestorePrincipal(_TenantCommand):
+    """Make a revoked principal active again: registering it again does not."""
+
+    type: Literal["RestorePrincipal"] = "RestorePrincipal"
+    principal_id: Name
+
+    def references(self) -> list[tuple[str, str]]:
+        return [("principal_id", f"principal/{self.principal_id}")]
+
+
 class RegisterSource(_TenantCommand):
     """Register an evidence source owned by `tenant`, or publish its new version."""
 
@@ -288,7 +298,8 @@ class ReconcileOperation(_TenantCommand):
 
 
 COMMANDS: list[type[CommandBase]] = [
-    RegisterTenant, SetNetworkPolicy, RegisterPrincipal, RevokePrincipal, RegisterSource,
+    RegisterTenant, SetNetworkPolicy, RegisterPrincipal, RevokePrincipal, RestorePrincipal,
+    RegisterSource,
     RevokeSource, RestoreSource, RegisterProfile, ConfigureRoute, CreateReleaseBundle,
     MoveReleasePointer, ConfigureBudget, Dispatch, ReconcileOperation,
 ]

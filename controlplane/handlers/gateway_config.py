@@ -25,6 +25,7 @@ from controlplane.commands.gateway import (
     RegisterProfile,
     RegisterSource,
     RegisterTenant,
+    RestorePrincipal,
     RestoreSource,
     RevokePrincipal,
     RevokeSource,
@@ -125,24 +126,43 @@ def handle_set_network_policy(command: CommandBase, ctx: DecisionContext) -> lis
 
 
 def handle_register_principal(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    """Register a principal, active; registering a revoked one again keeps it revoked (only
+    `RestorePrincipal` undoes a revocation, as only `RestoreSource` undoes a source's)."""
     assert isinstance(command, RegisterPrincipal)
     existing = _owned(ctx.state, "principal", command.principal_id)
     if existing is not None and existing["tenant_id"] != command.tenant:
         return _refuse(command, ctx, "principal_tenant_conflict", "principal_id",
                        "the principal belongs to another tenant", f"principal/{command.principal_id}")
-    record = {"principal_id": command.principal_id, "tenant_id": command.tenant, "active": True}
+    active = existing["active"] if existing is not None else True
+    record = {"principal_id": command.principal_id, "tenant_id": command.tenant, "active": active}
     return _record(command, ctx, "principal", command.principal_id, gw.PRINCIPAL_REGISTERED, record,
-                   "principal_registered", "principal registered and active")
+                   "principal_registered", "principal registered and active" if active else
+                   "principal registered; it stays revoked until RestorePrincipal")
+
+
+def _set_status(command: RevokePrincipal | RestorePrincipal | RevokeSource | RestoreSource,
+                ctx: DecisionContext, kind: str, key_field: str, active: bool,
+                event_type: str, code: str) -> list[StreamAppend]:
+    """Revoke or restore a principal or a source of the command's own tenant."""
+    key = getattr(command, key_field)
+    existing = _owned(ctx.state, kind, key)
+    if existing is None or existing["tenant_id"] != command.tenant:
+        return _refuse(command, ctx, f"{kind}_tenant_mismatch", key_field,
+                       f"no such {kind} in this tenant", f"{kind}/{key}")
+    return _record(command, ctx, kind, key, event_type, {**existing, "active": active}, code,
+                   code.replace("_", " "))
 
 
 def handle_revoke_principal(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, RevokePrincipal)
-    existing = _owned(ctx.state, "principal", command.principal_id)
-    if existing is None or existing["tenant_id"] != command.tenant:
-        return _refuse(command, ctx, "principal_tenant_mismatch", "principal_id",
-                       "no such principal in this tenant", f"principal/{command.principal_id}")
-    return _record(command, ctx, "principal", command.principal_id, gw.PRINCIPAL_REVOKED,
-                   {**existing, "active": False}, "principal_revoked", "principal revoked")
+    return _set_status(command, ctx, "principal", "principal_id", False, gw.PRINCIPAL_REVOKED,
+                       "principal_revoked")
+
+
+def handle_restore_principal(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+    assert isinstance(command, RestorePrincipal)
+    return _set_status(command, ctx, "principal", "principal_id", True, gw.PRINCIPAL_RESTORED,
+                       "principal_restored")
 
 
 def handle_register_source(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
@@ -163,24 +183,16 @@ def handle_register_source(command: CommandBase, ctx: DecisionContext) -> list[S
                    "source_registered", "evidence source version registered")
 
 
-def _set_source_status(command: RevokeSource | RestoreSource, ctx: DecisionContext, active: bool,
-                       event_type: str, code: str) -> list[StreamAppend]:
-    existing = _owned(ctx.state, "source", command.source_ref)
-    if existing is None or existing["tenant_id"] != command.tenant:
-        return _refuse(command, ctx, "source_tenant_mismatch", "source_ref",
-                       "no such source in this tenant", f"source/{command.source_ref}")
-    return _record(command, ctx, "source", command.source_ref, event_type,
-                   {**existing, "active": active}, code, code.replace("_", " "))
-
-
 def handle_revoke_source(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, RevokeSource)
-    return _set_source_status(command, ctx, False, gw.SOURCE_REVOKED, "source_revoked")
+    return _set_status(command, ctx, "source", "source_ref", False, gw.SOURCE_REVOKED,
+                       "source_revoked")
 
 
 def handle_restore_source(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
     assert isinstance(command, RestoreSource)
-    return _set_source_status(command, ctx, True, gw.SOURCE_RESTORED, "source_restored")
+    return _set_status(command, ctx, "source", "source_ref", True, gw.SOURCE_RESTORED,
+                       "source_restored")
 
 
 _PROFILE_RECORD = frozenset({"profile_id", "model_id", "digest", "approved",
@@ -309,6 +321,7 @@ HANDLERS: dict[str, Handler] = {
     "SetNetworkPolicy": handle_set_network_policy,
     "RegisterPrincipal": handle_register_principal,
     "RevokePrincipal": handle_revoke_principal,
+    "RestorePrincipal": handle_restore_principal,
     "RegisterSource": handle_register_source,
     "RevokeSource": handle_revoke_source,
     "RestoreSource": handle_restore_source,
@@ -323,6 +336,7 @@ PRECHECKS: dict[str, Precheck] = {
     "ConfigureBudget": _precheck_budget,
     "RegisterPrincipal": _precheck_owner("principal", "principal_id"),
     "RevokePrincipal": _precheck_owner("principal", "principal_id"),
+    "RestorePrincipal": _precheck_owner("principal", "principal_id"),
     "RegisterSource": _precheck_owner("source", "source_ref"),
     "RevokeSource": _precheck_owner("source", "source_ref"),
     "RestoreSource": _precheck_owner("source", "source_ref"),
@@ -336,4 +350,6 @@ RULES_VERSIONS: dict[str, int] = {
     # 2: a self-hosted route without a GPU plan is rejected (`gpu_plan_required`): its memory
     #    fit could never be shown. Refused at submit too.
     "ConfigureRoute": 2,
+    # 2: registering a revoked principal again keeps it revoked (it had made it active).
+    "RegisterPrincipal": 2,
 }

@@ -14,6 +14,8 @@ import pytest
 from controlplane.commands.gateway import (
     MoveReleasePointer,
     ReconcileOperation,
+    RegisterPrincipal,
+    RestorePrincipal,
     RestoreSource,
     RevokePrincipal,
     RevokeSource,
@@ -199,6 +201,20 @@ def test_8_a_saved_answer_is_withheld_while_its_evidence_or_caller_is_revoked(
     assert (revoked["step"], revoked["code"]) == ("authorise", "identity_revoked")
     assert gateway.operation("acme", "k13")["state"] == "completed"  # type: ignore[index]
     assert gateway.calls() == 2 and budget_figures(gateway) == (0, 712)
+
+
+def test_registering_a_revoked_principal_again_keeps_it_revoked_until_it_is_restored(
+        gateway: GatewayDriver) -> None:
+    """An "ensure it exists" sync that registers every principal again had made a revoked one
+    active, serving its saved answers; only `RestorePrincipal` undoes a revocation."""
+    assert gateway.send(dispatch("bob", "k13"))["outcome"] == "completed"
+    gateway.run(RevokePrincipal(tenant="acme", principal_id="bob"))
+    gateway.run(RegisterPrincipal(tenant="acme", principal_id="bob"))
+    again = gateway.send(dispatch("bob", "k13"))
+    assert (again["code"], again["answer"]) == ("identity_revoked", None)
+    gateway.run(RestorePrincipal(tenant="acme", principal_id="bob"))
+    assert gateway.send(dispatch("bob", "k13"))["outcome"] == "completed"
+    assert gateway.calls() == 1
 
 
 def test_9_a_different_input_or_caller_under_a_key_is_a_conflict_but_keys_are_per_tenant(
