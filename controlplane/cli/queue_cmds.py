@@ -89,6 +89,7 @@ def submit(ctx: click.Context, source: str, wait: bool, timeout_seconds: float,
     """
     submission = read_submission(_read_source(source))
     settings, store = settings_and_store()
+    _catalog_readable_if_deciding_here(settings)
     try:
         _submit(submission.commands, submission.lines, settings, store, wait, timeout_seconds,
                 as_json)
@@ -215,6 +216,13 @@ def _catalog_readable() -> None:
                          f"({error.message}); a worker needs it to decide RegisterModel") from None
 
 
+def _catalog_readable_if_deciding_here(settings: Settings) -> None:
+    """`_catalog_readable` where this process decides (the embedded queue with no `fleetctl
+    up`), as a worker is refused; before anything is accepted."""
+    if redis_url_in_use(settings) is None:
+        _catalog_readable()
+
+
 @click.command()
 @click.option("--port", type=click.IntRange(min=0, max=65_535), default=0,
               help="Loopback port for the embedded Redis (0: any free).")
@@ -276,6 +284,7 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
 def reconcile(as_json: bool) -> None:
     """Re-enqueue accepted commands that have no decision (e.g. after Redis lost its queue)."""
     settings, store = settings_and_store()
+    _catalog_readable_if_deciding_here(settings)
     result = reconcile_pending(settings, store)
     emit({"re_enqueued": len(result.accepted_ids), "jobs": len(result.job_ids),
           "decided_in_process": result.ran_in_process}, as_json,

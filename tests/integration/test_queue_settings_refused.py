@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,13 @@ def commands(tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -
 
 def database_file(tmp_path: Path) -> Path:
     return tmp_path / "fleet.db"
+
+
+def events_in(path: Path) -> int:
+    with closing(sqlite3.connect(path)) as connection:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master")}
+        return connection.execute("SELECT count(*) FROM events").fetchone()[0] \
+            if "events" in tables else 0
 
 
 def assert_refused_naming(result: object, variable: str) -> None:
@@ -158,18 +167,21 @@ def test_a_submit_to_an_unreachable_redis_says_its_commands_wait_in_the_inbox(
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", [("worker", "--burst"), ("up", "--workers", "0")])
-def test_a_worker_that_cannot_read_the_catalog_refuses_to_start(
+@pytest.mark.parametrize("command", [("worker", "--burst"), ("up", "--workers", "0"),
+                                     ("submit", "COMMANDS"), ("reconcile",)])
+def test_a_process_that_would_decide_without_the_catalog_refuses_to_start(
         command: tuple[str, ...], commands: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Started anyway, it would record each RegisterModel by catalog id it decided as
-    rejected (`catalog_unreadable`) for good: a fault of its own machine."""
+    """Started anyway, a worker (or `submit` and `reconcile` deciding on the embedded queue)
+    would record each RegisterModel by catalog id it decided as rejected
+    (`catalog_unreadable`) for good: a fault of its own machine. Nothing is accepted."""
     monkeypatch.setenv("FLEET_FIXTURES_DIR", str(tmp_path / "nowhere"))
-    result = run_cli(*command)
+    result = run_cli(*(str(commands) if part == "COMMANDS" else part for part in command))
     assert result.exit_code == 2, result.stderr
     assert result.stderr.startswith(f"error: FLEET_FIXTURES_DIR: the catalog in "
                                     f"{tmp_path / 'nowhere'} cannot be read")
     assert len(result.stderr.strip().splitlines()) == 1
+    assert not database_file(tmp_path).exists() or events_in(database_file(tmp_path)) == 0
 
 
 def test_up_with_a_redis_url_set_is_refused_since_submits_would_go_there(
