@@ -179,11 +179,11 @@ def handle_admit_request(command: CommandBase, ctx: DecisionContext) -> list[Str
     live, queue = admission["live_tokens"], tuple(admission["queue"])
     # One value serves the whole decision: with no budget only its token bound and retention
     # rules are read, which do not depend on it.
-    rules = admission_policy(policy, max(capacity.budget_tokens, 1))
+    rules = admission_policy(policy, max(capacity.budget_tokens, 1), capacity)
     try:
         if capacity.budget_tokens == 0:
             decision = shed_without_capacity(
-                request, now, command.estimated_queue_seconds, rules.max_tokens_per_request,
+                request, now, command.estimated_queue_seconds, rules,
                 {"live_tokens": admission["live_tokens"],
                  "queued_requests": len(admission["queue"])}, retryable=bool(capacity.warming))
         else:
@@ -259,7 +259,7 @@ def handle_release_request(command: CommandBase, ctx: DecisionContext) -> list[S
     # With no ready capacity nothing can be promoted: the policy sees no queue to walk.
     promote = capacity.budget_tokens > 0
     state = PoolState(admission["live_tokens"], queue if promote else (), tuple(records.values()))
-    rules = admission_policy(policy, max(capacity.budget_tokens, 1))
+    rules = admission_policy(policy, max(capacity.budget_tokens, 1), capacity)
     try:
         decisions, after = release(state, command.request_id, now, rules)
     except PolicyInputError as error:
@@ -294,9 +294,13 @@ RULES_VERSIONS: dict[str, int] = {
     # 3: a pool with no ready capacity sheds a request over the token bound for that (not
     #    retryable), not as `no_ready_capacity`; a start predicted at the deadline to within a
     #    microsecond queues (sums at epoch seconds had rounded past it and shed).
-    "AdmitRequest": 3,
+    # 4: a request (or queue head) needing more live tokens than the pool's largest replica,
+    #    ready or warming, holds is shed (`larger_than_any_replica`): the pooled budget had
+    #    admitted requests no single replica could serve.
+    "AdmitRequest": 4,
     # 2: a promoted head whose tokens exceed a lowered `max_tokens_per_request` is shed.
-    "ReleaseRequest": 2,
+    # 3: so is a head needing more live tokens than the pool's largest replica holds.
+    "ReleaseRequest": 3,
 }
 
 

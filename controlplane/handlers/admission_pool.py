@@ -54,6 +54,10 @@ class PoolCapacity:
                             math.floor(sum(ready.values()) * self.budget_fraction),
                             self.budget_fraction)
 
+    def largest_replica_tokens(self) -> int | None:
+        """The most KV tokens one replica, ready or warming, holds; None with no replica."""
+        return max([*self.ready.values(), *self.warming.values()], default=None)
+
     def facts(self) -> dict[str, Any]:
         return {"pool_id": self.pool_id, "ready_replicas": sorted(self.ready),
                 "ready_kv_capacity_tokens": sum(self.ready.values()),
@@ -81,15 +85,19 @@ def warming_placements(state: StateView, capacity: PoolCapacity) -> list[str]:
     return [r["decision_event_id"] for r in replicas if r is not None]
 
 
-def admission_policy(policy: PolicyInForce, budget_tokens: int = 1) -> AdmissionPolicy:
-    """The pure policy; its retention rules (TTL, settled maximum) do not depend on the budget."""
+def admission_policy(policy: PolicyInForce, budget_tokens: int = 1,
+                     capacity: PoolCapacity | None = None) -> AdmissionPolicy:
+    """The pure policy; its retention rules (TTL, settled maximum) do not depend on the budget.
+    With `capacity`, no request is admitted that its largest replica cannot hold."""
     parameters = policy.parameters
     return AdmissionPolicy(max_live_tokens=budget_tokens,
                            max_queued_requests=parameters["max_queued_requests"],
                            max_tokens_per_request=parameters["max_tokens_per_request"],
                            record_ttl_seconds=parameters["record_ttl_seconds"],
                            max_settled_records=parameters.get(
-                               "max_settled_records", AdmissionPolicy.max_settled_records))
+                               "max_settled_records", AdmissionPolicy.max_settled_records),
+                           max_tokens_per_replica=capacity.largest_replica_tokens()
+                           if capacity is not None else None)
 
 
 def settled_sequences(admission: dict[str, Any]) -> Iterator[int]:

@@ -75,7 +75,7 @@ def promote_queue(command: CommandBase, ctx: DecisionContext, before: PoolCapaci
     now = seconds(command.at)
     queue = tuple(admission["queue"])
     records = queued_records(ctx.state, queue)
-    rules = admission_policy(policy, after.budget_tokens)
+    rules = admission_policy(policy, after.budget_tokens, after)
     decisions, state = promote(PoolState(admission["live_tokens"], queue, tuple(records.values())),
                                now, rules, why)
     if not decisions:

@@ -208,7 +208,8 @@ STREAMS: dict[str, Streams] = {
 # Versions of the decision rules, each with what changed (see `handlers/base.py`).
 RULES_VERSIONS: dict[str, int] = {
     # 2: an admission policy version with a larger budget fraction promotes queue heads.
-    "SetPolicy": 2,
+    # 3: a head needing more live tokens than its pool's largest replica holds is shed.
+    "SetPolicy": 3,
     # 2: a catalog model registered without weight_bits takes its checkpoint's precision
     #    (DeepSeek-V3: FP8, 8 bits), as `fleetctl fit` does; the default was 16. Commands
     #    recorded before carry weight_bits 16 in their payload and re-derive unchanged.

@@ -221,7 +221,8 @@ RULES_VERSIONS: dict[str, int] = {
     #    largest GPU the placement could take, with other figures).
     "PlaceReplica": 5,
     # 2: a replica becoming ready promotes the heads of its pool's admission queue.
-    "MarkReplicaReady": 2,
+    # 3: a head needing more live tokens than the pool's largest replica holds is shed.
+    "MarkReplicaReady": 3,
 }
 
 

@@ -59,6 +59,25 @@ def _validate_policy(policy: AdmissionPolicy) -> None:
     ttl = policy.record_ttl_seconds
     require(math.isfinite(ttl) and ttl > 0, "admission_capacity_invalid", "record_ttl_seconds",
             "record_ttl_seconds must be positive and finite")
+    per_replica = policy.max_tokens_per_replica
+    require(per_replica is None or _count(per_replica) and per_replica > 0,
+            "admission_capacity_invalid", "max_tokens_per_replica",
+            "max_tokens_per_replica must be a positive integer when given")
+
+
+def _over_a_bound(request: AdmissionRequest, tokens: int, policy: AdmissionPolicy,
+                  facts: Mapping[str, object]) -> AdmissionDecision | None:
+    """The shed of a request no capacity of the pool can ever admit (never retryable): over the
+    policy's token bound (spec 1.8 step 3), or over what its largest replica holds."""
+    if tokens > policy.max_tokens_per_request:
+        return _shed(request, "token_bound_exceeded", "request token bound exceeds policy", False,
+                     {**facts, "max_tokens_per_request": policy.max_tokens_per_request})
+    per_replica = policy.max_tokens_per_replica
+    if per_replica is not None and tokens > per_replica:
+        return _shed(request, "larger_than_any_replica",
+                     "the request needs more live tokens than any one replica of the pool holds",
+                     False, {**facts, "max_tokens_per_replica": per_replica})
+    return None
 
 
 def _validate_time(now: float, field: str = "now") -> None:
@@ -89,18 +108,18 @@ def _later(time: float, deadline: float) -> bool:
 
 
 def shed_without_capacity(request: AdmissionRequest, now: float, estimated_queue_seconds: float,
-                          max_tokens_per_request: int, facts: Mapping[str, object],
+                          policy: AdmissionPolicy, facts: Mapping[str, object],
                           retryable: bool) -> AdmissionDecision:
     """A pool with no ready capacity sheds every new request, but the request's own faults come
     first, as in `decide_admission` (spec §1.8): it is validated, and one over the token bound
-    is shed for that, never as retryable (no capacity can ever admit it)."""
+    (or over every replica, warming ones too) is shed for that, never as retryable (no capacity
+    can ever admit it)."""
     _validate_time(now)
     _validate_request(request, estimated_queue_seconds)
     tokens = request.maximum_live_tokens
-    if tokens > max_tokens_per_request:
-        return _shed(request, "token_bound_exceeded", "request token bound exceeds policy", False,
-                     {**facts, "request_tokens": tokens,
-                      "max_tokens_per_request": max_tokens_per_request})
+    bounded = _over_a_bound(request, tokens, policy, {**facts, "request_tokens": tokens})
+    if bounded is not None:
+        return bounded
     return _shed(request, "no_ready_capacity", "the pool has no ready replica to reserve tokens on",
                  retryable, {**facts, "request_tokens": tokens})
 
@@ -132,9 +151,9 @@ def decide_admission(state: PoolState, request: AdmissionRequest, now: float,
         "max_live_tokens": policy.max_live_tokens, "queued_requests": state.queued_requests,
         "max_queued_requests": policy.max_queued_requests, "now_seconds": now,
         "deadline_at_seconds": request.deadline_at_seconds}
-    if tokens > policy.max_tokens_per_request:
-        return _shed(request, "token_bound_exceeded", "request token bound exceeds policy", False,
-                     {**facts, "max_tokens_per_request": policy.max_tokens_per_request})
+    bounded = _over_a_bound(request, tokens, policy, facts)
+    if bounded is not None:
+        return bounded
     fits_now = not state.queue and state.live_tokens + tokens <= policy.max_live_tokens
     if fits_now:
         if now > request.deadline_at_seconds:
@@ -219,10 +238,10 @@ def _promotions(state: PoolState, now: float, policy: AdmissionPolicy,
                  "request_tokens": tokens, "live_tokens": live,
                  "max_live_tokens": policy.max_live_tokens}
         # The bound first, as at the door (spec 1.8): a retry under a new id would be refused.
-        if tokens > policy.max_tokens_per_request:  # the bound was lowered while it waited
-            decisions.append(_shed(queued.request, "token_bound_exceeded",
-                                   "request token bound exceeds policy", False,
-                                   {**facts, "max_tokens_per_request": policy.max_tokens_per_request}))
+        # The bound was lowered, or the largest replica released, while it waited.
+        bounded = _over_a_bound(queued.request, tokens, policy, facts)
+        if bounded is not None:
+            decisions.append(bounded)
             continue
         if now > queued.request.deadline_at_seconds:
             decisions.append(_shed(queued.request, "deadline_passed_in_queue",

@@ -36,11 +36,16 @@ class AdmissionRequest:
 
 @dataclass(frozen=True)
 class AdmissionPolicy:
+    """The pool's bounds. `max_tokens_per_replica`, when known, is the most live tokens one of
+    its replicas holds: a request runs on one replica, so the pooled budget alone (the sum of
+    several) could admit a request none of them can serve."""
+
     max_live_tokens: int
     max_queued_requests: int
     max_tokens_per_request: int
     record_ttl_seconds: float = 3600.0
     max_settled_records: int = 10_000
+    max_tokens_per_replica: int | None = None
 
 
 @dataclass(frozen=True)

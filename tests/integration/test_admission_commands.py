@@ -186,6 +186,35 @@ def test_a_request_over_its_token_bound_is_shed_for_the_bound_even_with_no_ready
     assert_replay_exact(store)
 
 
+def test_a_request_no_single_replica_can_hold_is_shed_though_the_pooled_budget_would_fit_it(
+        store: EventStore) -> None:
+    """A request runs on one replica. Two replicas pool a budget of twice one's KV capacity,
+    and a request between the two had been admitted: reserved where nothing can serve it."""
+    capacity = ready_pool(store, "r1", "r2")
+    one = max(capacity.values())
+    run(store, admit("too-big", one + 1, second=1), admit("fits", one, second=2))
+    shed = decision(store, "admit-too-big")
+    assert (shed.event_type, reason(shed)["code"]) == ("RequestShed", "larger_than_any_replica")
+    assert reason(shed)["facts"]["max_tokens_per_replica"] == one
+    assert reason(shed)["facts"]["retryable"] is False
+    assert reason(shed)["facts"]["live_token_budget"] == sum(capacity.values())
+    assert decision(store, "admit-fits").event_type == "RequestAdmitted"
+    assert_replay_exact(store)
+
+
+def test_a_request_larger_than_every_warming_replica_is_shed_for_that_not_as_retryable(
+        store: EventStore) -> None:
+    """With only warming replicas a request is shed as retryable (capacity is on its way),
+    unless none of them could ever hold it."""
+    run(store, register_node("n1"), register_model(), set_admission(), place_replica("r1"))
+    one = events_of(store, "ReplicaPlaced")[0].data["result"]["kv_capacity_tokens"]
+    run(store, admit("too-big", one + 1), admit("waits", one))
+    assert reason(decision(store, "admit-too-big"))["code"] == "larger_than_any_replica"
+    assert reason(decision(store, "admit-too-big"))["facts"]["retryable"] is False
+    assert reason(decision(store, "admit-waits"))["code"] == "no_ready_capacity"
+    assert_replay_exact(store)
+
+
 @pytest.mark.parametrize(("deadline", "outcome"), [("13:00:00.202", "queue"),
                                                    ("13:00:00.201999", "shed")])
 def test_a_start_predicted_at_the_deadline_queues_to_the_microsecond(
@@ -330,12 +359,12 @@ def test_a_queued_request_over_a_lowered_token_bound_is_shed_when_the_queue_move
 
 def test_a_queued_head_past_its_deadline_is_shed_at_the_door_not_left_blocking_the_pool(
         store: EventStore) -> None:
-    """A head larger than the whole budget waits for capacity until its deadline; after it,
-    the next arrival sheds it and the request behind it is admitted, then the newcomer. Before,
-    nothing walked the queue without a release, so every later request was shed as
-    `live_budget_and_queue_full` with the pool's budget unused."""
-    capacity = ready_pool(store, "r1", max_queued_requests=2)
-    budget = capacity["r1"]
+    """A head larger than the whole budget (half its one replica) waits for capacity until its
+    deadline; after it, the next arrival sheds it and the request behind it is admitted, then
+    the newcomer. Before, nothing walked the queue without a release, so every later request
+    was shed as `live_budget_and_queue_full` with the pool's budget unused."""
+    capacity = ready_pool(store, "r1", max_queued_requests=2, live_token_budget_fraction=0.5)
+    budget = capacity["r1"] // 2
     run(store, admit("big", budget + 1, second=1, deadline_second=10),
         admit("next", 10, second=2), admit("turned-away", 10, second=3))
     assert [decision(store, f"admit-{r}").data["outcome"] for r in ("big", "next", "turned-away")] \

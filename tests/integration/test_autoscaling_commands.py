@@ -290,6 +290,13 @@ def admit(request_id: str, tokens: int, second: int) -> dict[str, Any]:
             "max_output_tokens": tokens // 4, "deadline_at": at(second + 600), "at": at(second)}
 
 
+def admit_load(name: str, tokens: int, per_replica: int, second: int) -> list[dict[str, Any]]:
+    """Requests `<name>-0`, `<name>-1`... admitted at `second`, holding `tokens` in all, none
+    more than one replica holds (a request runs on one replica)."""
+    sizes = [per_replica] * (tokens // per_replica) + ([tokens % per_replica] if tokens % per_replica else [])
+    return [admit(f"{name}-{index}", size, second) for index, size in enumerate(sizes)]
+
+
 def release_request(request_id: str, second: int) -> dict[str, Any]:
     return {"type": "ReleaseRequest", "command_id": f"release-{request_id}",
             "request_id": request_id, "at": at(second)}
@@ -311,8 +318,9 @@ def test_a_scale_down_never_releases_capacity_that_admitted_requests_still_hold(
     decision; once they are released, the next observation scales down."""
     quiet_until_scale_down(store)
     per_replica = pool(store)["ready"]["r1"]
-    run(store, admit("big", 2 * per_replica + 1, second=100))
-    assert decision(store, "admit-big").event_type == "RequestAdmitted"
+    big = admit_load("big", 2 * per_replica + 1, per_replica, second=100)
+    run(store, *big)
+    assert {decision(store, a["command_id"]).event_type for a in big} == {"RequestAdmitted"}
     run(store, observe("low-301", 301, arrival=50.0))
     held = decision(store, "low-301")
     assert (held.data["outcome"], held.data["rules_version"]) == ("hold", OBSERVE_LOAD_RULES)
@@ -323,12 +331,13 @@ def test_a_scale_down_never_releases_capacity_that_admitted_requests_still_hold(
     assert code["code"] == "scale_down_held_by_admitted_load"
     assert code["facts"]["deferred_replicas"] == ["r3", "r2"]
     assert code["facts"]["live_tokens"] == 2 * per_replica + 1
-    pool_admission = [e for e in store.events_for_command("admit-big")
+    pool_admission = [e for e in store.events_for_command(big[-1]["command_id"])
                       if e.event_type == "PoolAdmissionChanged"]
     assert held.data["causes"] == [pool_admission[0].event_id]
     assert sorted(pool(store)["ready"]) == ["r1", "r2", "r3"]
 
-    run(store, release_request("big", 302), observe("low-303", 303, arrival=50.0))
+    run(store, *(release_request(a["request_id"], 302) for a in big),
+        observe("low-303", 303, arrival=50.0))
     scaled = decision(store, "low-303")
     assert (scaled.data["outcome"], scaled.data["result"]["releases"]) == ("scale_down", ["r3", "r2"])
     assert sorted(pool(store)["ready"]) == ["r1"]
@@ -341,7 +350,7 @@ def test_a_scale_down_releases_the_replicas_the_admitted_load_does_not_need(
     release, the newest goes and the next stays; the target says two."""
     quiet_until_scale_down(store)
     per_replica = pool(store)["ready"]["r1"]
-    run(store, admit("medium", per_replica + 1, second=100))
+    run(store, *admit_load("medium", per_replica + 1, per_replica, second=100))
     run(store, observe("low-301", 301, arrival=50.0))
     scaled = decision(store, "low-301")
     assert (scaled.data["outcome"], scaled.data["result"]["target_replicas"]) == ("scale_down", 2)
@@ -378,7 +387,8 @@ def test_a_scale_down_recorded_under_the_previous_rules_drifts_as_an_upgrade_not
                         lambda pool, victims, live_tokens, fraction: (victims, None))
     monkeypatch.setitem(handlers.RULES_VERSIONS, "ObserveLoad", 2)
     quiet_until_scale_down(store)
-    run(store, admit("big", 2 * pool(store)["ready"]["r1"] + 1, second=100),
+    per_replica = pool(store)["ready"]["r1"]
+    run(store, *admit_load("big", 2 * per_replica + 1, per_replica, second=100),
         observe("low-301", 301, arrival=50.0))
     recorded = decision(store, "low-301")
     assert (recorded.data["rules_version"], recorded.data["result"]["releases"]) == (2, ["r3", "r2"])

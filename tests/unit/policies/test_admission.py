@@ -257,6 +257,38 @@ def test_a_queued_request_late_and_over_a_lowered_bound_is_shed_for_the_bound() 
     assert (code(refused), refused.reasons[0].facts["retryable"]) == ("token_bound_exceeded", False)
 
 
+def test_a_request_over_the_largest_replica_is_shed_after_the_policy_bound_and_before_the_budget(
+) -> None:
+    """The pooled budget (100) would hold 60 tokens; no replica (50 each) can."""
+    per_replica = AdmissionPolicy(100, 1, 80, max_tokens_per_replica=50)
+    wide, _ = admit(PoolState(), request("wide", 60, 0), 0, 0, per_replica)
+    assert (wide.action, code(wide), wide.reasons[0].facts["retryable"]) == \
+        (SHED, "larger_than_any_replica", False)
+    assert wide.reasons[0].facts["max_tokens_per_replica"] == 50
+    over_both, _ = admit(PoolState(), request("huge", 90, 0), 0, 0, per_replica)
+    assert code(over_both) == "token_bound_exceeded"  # spec 1.8 step 3 first
+    exact, _ = admit(PoolState(), request("exact", 50, 0), 0, 0, per_replica)
+    assert exact.action is ADMIT
+
+
+def test_a_queued_head_over_the_largest_replica_left_is_shed_when_the_queue_moves() -> None:
+    pool = AdmissionController(AdmissionPolicy(100, 2, 100))
+    pool.decide(request("a", 100, 0, 99), now=0, estimated_queue_seconds=0)
+    pool.decide(request("wide", 60, 0, 99), now=0, estimated_queue_seconds=1)
+    pool.decide(request("narrow", 20, 0, 99), now=0, estimated_queue_seconds=1)
+    smaller = AdmissionPolicy(100, 2, 100, max_tokens_per_replica=50)
+    _, refused, promoted = release(pool.state, "a", 5, smaller)[0]
+    assert (refused.request_id, code(refused)) == ("wide", "larger_than_any_replica")
+    assert (promoted.request_id, promoted.action) == ("narrow", ADMIT)
+
+
+def test_a_per_replica_bound_must_be_a_positive_integer() -> None:
+    with pytest.raises(PolicyInputError) as refused:
+        admit(PoolState(), request("a", 1, 0), 0, 0,
+              AdmissionPolicy(100, 1, 80, max_tokens_per_replica=0))
+    assert refused.value.field == "max_tokens_per_replica"
+
+
 def test_a_grown_budget_promotes_the_queue_head_first_and_never_past_one_that_does_not_fit(
         ) -> None:
     pool = AdmissionController(AdmissionPolicy(100, 4, 1_000))
