@@ -187,7 +187,8 @@ def _gpu_memory(request: FitRequest,
     require(memory is not None, "gpu_required", "gpu", "name a GPU or give its memory in GiB")
     require(isinstance(memory, (int, float)) and not isinstance(memory, bool)
             and math.isfinite(float(memory or 0)) and float(memory or 0) > 0,
-            "deployment_field_not_positive", "gpu_memory_gib", "GPU memory must be positive")
+            "deployment_field_not_positive", "gpu_memory_gib",
+            "GPU memory must be a positive, finite number of GiB")
     return None, float(memory or 0), MemoryBasis.DECLARED
 
 

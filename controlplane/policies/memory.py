@@ -181,12 +181,15 @@ def _validate(model: ModelMemory, deployment: DeploymentMemory) -> None:
         value = getattr(deployment, name)
         require(isinstance(value, (int, float)) and not isinstance(value, bool)
                 and math.isfinite(value) and value > 0, "deployment_field_not_positive", name,
-                f"deployment {name} must be positive")
+                f"deployment {name} must be positive" if not isinstance(value, float)
+                or math.isfinite(value) else f"deployment {name} must be a finite number")
         if name != "gpu_memory_gib":
             require(_is_count(value), "deployment_field_not_integer", name,
                     f"deployment {name} must be an integer")
     overhead = deployment.runtime_overhead_gib
-    require(math.isfinite(overhead) and overhead >= 0, "runtime_overhead_negative",
+    require(math.isfinite(overhead), "runtime_overhead_not_finite", "runtime_overhead_gib",
+            "runtime overhead must be a finite number of GiB")
+    require(overhead >= 0, "runtime_overhead_negative",
             "runtime_overhead_gib", "runtime overhead may not be negative")
     fraction = deployment.usable_fraction
     require(0 < fraction <= 1, "usable_fraction_out_of_range", "usable_fraction",

@@ -144,6 +144,19 @@ def test_bad_input_exits_2_with_one_line_naming_the_flag(args: list[str], flag: 
     assert f"{flag}:" in line and f"[{code}]" in line
 
 
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--runtime-overhead-gib", "inf", "runtime overhead must be a finite number of GiB"),
+    ("--runtime-overhead-gib", "nan", "runtime overhead must be a finite number of GiB"),
+    ("--gpu-memory-gib", "inf", "GPU memory must be a positive, finite number of GiB"),
+])
+def test_a_number_that_is_not_finite_is_refused_as_such_not_as_negative(
+        flag: str, value: str, says: str) -> None:
+    # An infinite overhead was refused as "may not be negative", an infinite GPU as "must be
+    # positive": neither was what was wrong.
+    line = one_error_line(run(*replaced(COURSE, flag, value)))
+    assert line.startswith(f"error: {flag}: {says} [")
+
+
 def test_bad_input_with_json_prints_a_machine_readable_error() -> None:
     result = run("--model", "meta-llama/Llama-3.1-9B", "--gpu", "H100", "--json")
     assert result.exit_code == 2
