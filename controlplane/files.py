@@ -53,7 +53,14 @@ def read_json(path: Path, limit_bytes: int, label: str = "") -> object:
     wrong when it is not UTF-8 JSON that Python can hold, or an object in it names a key twice."""
     raw = read_at_most(path, limit_bytes, label)
     try:
-        return loads_strict(raw.decode("utf-8"))
+        value = loads_strict(raw.decode("utf-8"))
+        # A `\ud800` escape loads as a lone surrogate, which no UTF-8 text (the log's, a
+        # digest's) can hold: refused here, not where it is first encoded.
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        raise InputError(f"{label}{path} holds a lone surrogate escape (such as \\ud800), "
+                         "which is not text") from None
     except UnicodeDecodeError as error:
         raise InputError(f"{label}{path} is not UTF-8 text: byte {error.start} cannot be "
                          "decoded") from None

@@ -39,6 +39,24 @@ def scenario_file(directory: Path, path: str, value: object) -> Path:
     return source
 
 
+@pytest.mark.parametrize("where", ["plan", "replay"])
+def test_a_file_with_a_lone_surrogate_escape_exits_2_with_one_line_and_writes_nothing(
+        embedded: str, tmp_path: Path, where: str) -> None:
+    """`\\ud800` loads as a string no UTF-8 can hold: `plan` printed a traceback (exit 1)
+    where the scenario was first encoded; a what-if file is read the same way."""
+    if where == "plan":
+        source = scenario_file(tmp_path, "description", "lone \ud800 surrogate")
+        result = run_cli("plan", str(source), "--output", str(tmp_path / "fleet-plan.json"))
+    else:
+        source = tmp_path / "policy.json"
+        source.write_text('{"admission": {"max_queued_requests": 1, "note\\ud800": 1}}')
+        result = run_cli("replay", "--policy", str(source))
+    assert result.exit_code == 2, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "lone surrogate" in line and str(source) in line
+    assert open_store(embedded).head()[0] == 0
+
+
 @pytest.mark.parametrize(("path", "value", "field", "words"), [
     # Regression (2a): PlanFleet refused it after the parser passed it: a traceback, exit 1.
     ("description", "x" * 1_000_000, "description", f"limit of {MAX_SCENARIO_BYTES} bytes"),
