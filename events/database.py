@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import select
+import sqlite3
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.request import pathname2url
 
 import structlog
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DisconnectionError
 
@@ -228,6 +231,19 @@ def schema_is_current(engine: Engine) -> bool:
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision() == head
+
+
+def holds_a_log(engine: Engine) -> bool:
+    """Whether the database holds a fleet log (its `events` table), at any revision, read
+    without writing anything: a SQLite file is opened read-only (a connection of the engine
+    turns on WAL, which writes to the file). sqlite3.DatabaseError for a file that is not one."""
+    if is_sqlite(engine):
+        location = pathname2url(str(Path(engine.url.database or "").resolve()))
+        with closing(sqlite3.connect(f"file:{location}?mode=ro", uri=True)) as connection:
+            return connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' "
+                                      "AND name = 'events'").fetchone() is not None
+    with engine.connect() as conn:
+        return inspect(conn).has_table("events")
 
 
 def migrate(engine: Engine) -> None:

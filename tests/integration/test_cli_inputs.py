@@ -297,3 +297,26 @@ def test_procfile_workers_serve_the_queue_named_by_fleet_queue(
     store = open_store(embedded)
     assert pending_command_ids(store) == []
     store.engine.dispose()
+
+
+@pytest.mark.parametrize("command", [("status",), ("log",), ("verify",), ("replay",),
+                                     ("explain", "x")])
+@pytest.mark.parametrize("contents", ["empty", "another program's"])
+def test_a_reading_command_never_writes_a_log_into_a_database_that_holds_none(
+        embedded: str, tmp_path: Path, command: tuple[str, ...], contents: str) -> None:
+    """They had created the log's tables in an empty file or another program's database and
+    reported an empty log (exit 0); PostgreSQL's default database got them the same way."""
+    import sqlite3
+    from contextlib import closing
+
+    path = Path(embedded.removeprefix("sqlite:///"))
+    path.touch()
+    if contents != "empty":
+        with closing(sqlite3.connect(path)) as connection:
+            connection.execute("CREATE TABLE users (name TEXT)")
+            connection.commit()
+    before = path.read_bytes()
+    result = run_cli(*command)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"error: {path} holds no fleet log (no events table)")
+    assert path.read_bytes() == before
