@@ -22,6 +22,7 @@ SQLAlchemy would.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
@@ -126,16 +127,44 @@ def _run(connection: Connection, template: str, parameters: Sequence[Any], in_co
     if gathers(connection):
         return _run_wired(connection, template, parameters, in_count, mode)
     sql = _text(template, in_count, connection.dialect.paramstyle)
-    cursor = _begun(connection).cursor()
+    driver_connection = _begun(connection)
+    cursor = driver_connection.cursor()
     try:
         with _as_sqlalchemy_errors(connection, sql, parameters, cursor):
             if mode == "many":
                 cursor.executemany(sql, parameters)
                 return None
             cursor.execute(sql, parameters)
-            return cursor.fetchall() if mode == "rows" else None
+            if mode != "rows":
+                return None
+            try:
+                return cursor.fetchall()
+            except sqlite3.OperationalError as error:
+                if not str(error).startswith(_NOT_UTF8):
+                    raise
+            return _leniently_decoded(driver_connection, sql, parameters)
     finally:
         cursor.close()
+
+
+# What sqlite3 says of a text value that is not UTF-8, which only an edit outside the log stores.
+_NOT_UTF8 = "Could not decode to UTF-8"
+
+
+def _leniently_decoded(driver_connection: sqlite3.Connection, sql: str,
+                       parameters: Sequence[Any]) -> list[Any]:
+    """The rows again, with U+FFFD for each byte of text that is not UTF-8: sqlite3 had stopped
+    the whole read (every row of the chunk) naming none; this way the row's parse or its hash
+    check names it. Only after that error: the usual decoding is sqlite3's own, in C."""
+    previous = driver_connection.text_factory
+    driver_connection.text_factory = lambda raw: raw.decode("utf-8", "replace")
+    cursor = driver_connection.cursor()
+    try:
+        cursor.execute(sql, parameters)
+        return cursor.fetchall()
+    finally:
+        cursor.close()
+        driver_connection.text_factory = previous
 
 
 def gathers(connection: Connection) -> bool:

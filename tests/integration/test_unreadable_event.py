@@ -110,3 +110,30 @@ def test_re_deriving_or_explaining_an_edited_event_names_it(
         assert f"event {position} ({event_type} on " in result.stderr
         assert "cannot be read" in result.stderr and "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, (run_args, result.stderr)
+
+
+def test_an_edited_row_whose_text_is_not_utf8_is_named_by_every_command_that_reads_it(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite stores any bytes as text (PostgreSQL refuses such an edit): sqlite3 stopped the
+    read of the whole chunk, so every reader exited 3 with "database failure" naming no row,
+    `verify` too, and `log` failed even for rows around it."""
+    from controlplane.runtime import open_store
+
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+    store = open_store(sqlite_url)
+    position = placed_fleet(store)
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE events SET data = CAST(X'7B2261223AFF7D' AS TEXT) "
+                          f"WHERE position = {position}"))
+    verified = run_cli("verify")
+    assert verified.exit_code == 1, verified.stderr
+    assert f"chain BROKEN at position {position}: hash_mismatch" in verified.output
+    for args in readers(position):
+        result = run_cli(*args)
+        assert result.exit_code == 3, (args, result.stderr)
+        assert f"event {position} (GpusReserved on node/n1) cannot be read: its data is not " \
+               "JSON" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+    shown = run_cli("log", "--limit", "2", "--json")
+    assert shown.exit_code == 0, shown.stderr
+    store.engine.dispose()
