@@ -86,6 +86,23 @@ def _queue_from_env() -> str:
     return checked_queue_name(os.environ.get("FLEET_QUEUE") or COMMAND_QUEUE, "FLEET_QUEUE")
 
 
+def in_memory_sqlite(url: str) -> bool:
+    """Whether `url` names a SQLite database in memory, which keeps nothing past its process."""
+    base, _, query = url.partition("?")
+    scheme, _, rest = base.partition("://")
+    return scheme.split("+")[0] == "sqlite" and (rest in ("", "/", "/:memory:")
+                                                 or "mode=memory" in query)
+
+
+def _database_url_from_env() -> str:
+    url = os.environ.get("FLEET_DATABASE_URL") or DEFAULT_DATABASE_URL
+    if in_memory_sqlite(url):
+        raise InputError("FLEET_DATABASE_URL names a SQLite database in memory, which keeps "
+                         "nothing once this fleetctl exits: name a file (sqlite:///PATH) or a "
+                         "PostgreSQL database")
+    return url
+
+
 def _redis_url_from_env() -> str | None:
     raw = os.environ.get("FLEET_REDIS_URL") or None
     return None if raw is None else checked_redis_url(raw)
@@ -117,7 +134,7 @@ class Settings:
     @classmethod
     def from_env(cls) -> Settings:
         return cls(
-            database_url=os.environ.get("FLEET_DATABASE_URL") or DEFAULT_DATABASE_URL,
+            database_url=_database_url_from_env(),
             redis_url=_redis_url_from_env(),
             batch_size=positive_int_from_env("FLEET_BATCH_SIZE", DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE),
             job_timeout_seconds=positive_int_from_env("FLEET_JOB_TIMEOUT_SECONDS", 600,

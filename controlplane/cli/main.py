@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -67,7 +68,23 @@ def main(argv: list[str] | None = None) -> None:
     except RedisError as error:
         fail(f"Redis failure: {error.__class__.__name__}: {error}")
         sys.exit(3)
+    except OSError as error:  # the results' stdout on a full disk, say: not a "no" (exit 1)
+        _drop_unwritable_stdout()
+        fail(f"system error: {error.strerror or error}"
+             + (f" ({error.filename})" if error.filename else ""))
+        sys.exit(3)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _drop_unwritable_stdout() -> None:
+    """Point stdout at the null device when it cannot take what is left in its buffer, so the
+    exit does not fail on it again (Python would print that and exit 120)."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 if __name__ == "__main__":

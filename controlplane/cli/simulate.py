@@ -21,7 +21,7 @@ from controlplane.cli.output import emit, progress
 from controlplane.errors import InputError, OperationalError
 from controlplane.files import check_writable
 from controlplane.runtime import open_store
-from controlplane.settings import redacted_url
+from controlplane.settings import in_memory_sqlite, redacted_url
 from controlplane.simulation.chart import write_chart
 from controlplane.simulation.config import MAX_REPLICAS, SimulationConfig
 from controlplane.simulation.fleet import resolve_catalog
@@ -41,6 +41,9 @@ def _log_url(log: str, overwrite: bool) -> str:
     directory exists and is writable; so for a SQLite URL's file) and, without --overwrite,
     does not exist yet. Touches nothing."""
     if "://" in log:
+        if in_memory_sqlite(log):
+            raise InputError(f"--log {log} names a SQLite database in memory, which keeps "
+                             "nothing once the simulation ends: name a file")
         _check_sqlite_file(log)
         return log
     if log.endswith(("/", os.sep)):

@@ -320,3 +320,33 @@ def test_a_reading_command_never_writes_a_log_into_a_database_that_holds_none(
     assert result.exit_code == 2, result.stderr
     assert result.stderr.startswith(f"error: {path} holds no fleet log (no events table)")
     assert path.read_bytes() == before
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+@pytest.mark.parametrize("args", [("status",), ("log", "--json")])
+def test_results_that_cannot_be_written_exit_3_in_one_line_not_a_traceback(
+        embedded: str, args: tuple[str, ...]) -> None:
+    """stdout on a full disk: a 27-line traceback and exit 1, which says a decision said no."""
+    assert run_cli("submit", "-", input_text=json.dumps(assess_memory("a")) + "\n").exit_code == 0
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([sys.executable, "-m", "controlplane.cli.main", *args],
+                                stdout=full, stderr=subprocess.PIPE, text=True, timeout=60,
+                                cwd=ROOT, check=False)
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip().splitlines() == ["error: system error: No space left on device"]
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite+pysqlite://",
+                                 "sqlite:///file:fleet?mode=memory&uri=true"])
+def test_a_database_in_memory_is_refused_since_it_keeps_no_decision(
+        embedded: str, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """`submit` exited 0 and its decisions were gone with the process; `simulate --log` too."""
+    monkeypatch.setenv("FLEET_DATABASE_URL", url)
+    result = run_cli("submit", "-", input_text=json.dumps(assess_memory("a")) + "\n")
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("error: FLEET_DATABASE_URL names a SQLite database in memory")
+    monkeypatch.setenv("FLEET_DATABASE_URL", embedded)
+    simulated = run_cli("simulate", str(MOONCAKE_TRACE), "--limit", "5", "--no-chart",
+                        "--log", url)
+    assert simulated.exit_code == 2, simulated.stderr
+    assert simulated.stderr.startswith(f"error: --log {url} names a SQLite database in memory")
