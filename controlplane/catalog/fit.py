@@ -23,6 +23,7 @@ from controlplane.policies.memory import (
     ModelMemory,
     assess_memory,
     effective_window_tokens,
+    head_split_reasons,
     kv_shards_under_tensor_parallel,
     largest_stage_parameters,
 )
@@ -251,15 +252,8 @@ def _gates(request: FitRequest, subject: FitSubject, gpu: GpuType | None,
                                     {"gpu_id": gpu.gpu_id, f"{role}_dtype": dtype.value,
                                      "gpu_dtypes": supported}))
     arch = subject.architecture
-    if arch is not None and arch.attention_heads % tp:
-        gates.append(Reason("attention_heads_not_divisible_by_tp",
-                            f"{arch.attention_heads} attention heads do not split over TP {tp}",
-                            {"attention_heads": arch.attention_heads, "tensor_parallel_size": tp}))
-    kv_heads = subject.kv_heads
-    if subject.kv_latent_dim == 0 and kv_heads % tp and tp % kv_heads:
-        gates.append(Reason("kv_heads_incompatible_with_tp",
-                            f"{kv_heads} KV heads neither split over nor replicate across TP {tp}",
-                            {"kv_heads": kv_heads, "tensor_parallel_size": tp}))
+    gates += head_split_reasons(tp, subject.kv_heads, subject.kv_latent_dim,
+                                arch.attention_heads if arch is not None else None)
     max_position = arch.max_position_embeddings if arch is not None else None
     if max_position is not None and max_len > max_position:
         gates.append(Reason("context_exceeds_model_maximum",

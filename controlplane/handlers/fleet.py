@@ -120,6 +120,8 @@ def handle_register_model(command: CommandBase, ctx: DecisionContext) -> list[St
             kv_element_bytes=KV_ELEMENT_BYTES, kv_latent_dim=entry["kv_latent_dim"]))
         source = f"catalog:{entry['model_id']}"
     model = {"model_id": command.model_id, "source": source, "memory": memory}
+    if command.memory is None and "attention_heads" in entry:  # recorded reads before rules 4
+        model["attention_heads"] = entry["attention_heads"]  # lack it: registered as they were
     reason = Reason("model_registered", f"model {command.model_id} registered from {source}",
                     {"parameters": memory["parameters"], "layers": memory["layers"]})
     data = decision_data(outcome="registered", reasons=[reason], result=model, policy=None,
@@ -138,7 +140,8 @@ def _catalog_entry(catalog_id: str, weight_bits: int | None) -> dict[str, Any]:
     sized = model_memory(entry.architecture, entry.parameters.total, bits, KV_ELEMENT_BYTES)
     read = {"model_id": entry.model_id, "parameters": sized.parameters, "layers": sized.layers,
             "kv_heads": sized.kv_heads, "head_dim": sized.head_dim,
-            "kv_latent_dim": sized.kv_latent_dim}
+            "kv_latent_dim": sized.kv_latent_dim,
+            "attention_heads": entry.architecture.attention_heads}
     if weight_bits is None:
         read["checkpoint_bits"] = bits
     return read
@@ -215,7 +218,9 @@ RULES_VERSIONS: dict[str, int] = {
     #    recorded before carry weight_bits 16 in their payload and re-derive unchanged.
     # 3: the catalog entry used (or why it could not be read) is recorded in the decision's
     #    inputs (`outside_reads`), and re-derivation uses it instead of today's catalog files.
-    "RegisterModel": 3,
+    # 4: a catalog model's record holds its attention heads, so a placement is never given a
+    #    tensor-parallel width they do not split over.
+    "RegisterModel": 4,
     # 2: each released replica's freed GPUs follow its release in the log (they had all been
     #    recorded with the cordon, before the releases that caused them).
     "DrainNode": 2,

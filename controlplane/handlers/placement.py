@@ -47,7 +47,7 @@ def inventory(state: StateView, usable_fraction: float) -> list[GPU]:
 def _sizing(model: dict[str, Any], command: PlaceReplica, policy: PolicyInForce) -> MemorySizing:
     return MemorySizing(ModelMemory(**model["memory"]), command.max_live_tokens_per_request,
                         command.target_concurrency, command.runtime_overhead_gib,
-                        policy.parameters["usable_fraction"])
+                        policy.parameters["usable_fraction"], model.get("attention_heads"))
 
 
 def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
@@ -72,6 +72,10 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
             "no_gpus", "the fleet has no GPU to place a replica on", {"gpus_considered": 0})],
             command.tensor_parallel_size, None)
     sizing = _sizing(model, command, policy)
+    commanded = command.tensor_parallel_size
+    unsplit = sizing.split_reasons(commanded) if commanded is not None else ()
+    if unsplit:  # a runtime would refuse to start the replica at that width
+        return _refused(command, ctx, policy, inputs, list(unsplit), commanded, None)
     try:
         shape = ReplicaShape(command.replica_id, command.model_id,
                              frozenset(command.required_capabilities), Locality(command.locality))
@@ -219,7 +223,9 @@ RULES_VERSIONS: dict[str, int] = {
     # 5: a placed replica's `memory` block is assessed on the GPUs it was given, as its
     #    `kv_capacity_tokens` and `max_concurrency` are (it was the width's assessment on the
     #    largest GPU the placement could take, with other figures).
-    "PlaceReplica": 5,
+    # 6: a width the model's heads do not split over is refused when commanded and passed over
+    #    by the automatic width (`heads_do_not_split`), as `fleetctl fit` gates it.
+    "PlaceReplica": 6,
     # 2: a replica becoming ready promotes the heads of its pool's admission queue.
     # 3: a head needing more live tokens than the pool's largest replica holds is shed.
     "MarkReplicaReady": 3,

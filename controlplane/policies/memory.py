@@ -104,6 +104,26 @@ def _kv_bytes_per_token_per_layer(model: ModelMemory) -> int:
     return 2 * model.kv_heads * model.head_dim * model.kv_element_bytes
 
 
+def head_split_reasons(tensor_parallel: int, kv_heads: int, kv_latent_dim: int = 0,
+                       attention_heads: int | None = None) -> tuple[Reason, ...]:
+    """Why a runtime cannot split the model's heads over `tensor_parallel` GPUs; empty when it
+    can. The attention heads must divide evenly (when known), and the KV heads either divide
+    evenly or be replicated whole (`tensor_parallel` a multiple of them); MLA's latent KV is
+    never split, so only its attention heads count."""
+    reasons = []
+    if attention_heads is not None and attention_heads % tensor_parallel:
+        reasons.append(Reason(
+            "attention_heads_not_divisible_by_tp",
+            f"{attention_heads} attention heads do not split over TP {tensor_parallel}",
+            {"attention_heads": attention_heads, "tensor_parallel_size": tensor_parallel}))
+    if kv_latent_dim == 0 and kv_heads % tensor_parallel and tensor_parallel % kv_heads:
+        reasons.append(Reason(
+            "kv_heads_incompatible_with_tp",
+            f"{kv_heads} KV heads neither split over nor replicate across TP {tensor_parallel}",
+            {"kv_heads": kv_heads, "tensor_parallel_size": tensor_parallel}))
+    return tuple(reasons)
+
+
 def kv_shards_under_tensor_parallel(kv_heads: int, tensor_parallel_size: int,
                                     latent: bool = False) -> int:
     """How many ways TP splits the KV cache: gcd(kv_heads, tp), or 1 for latent (MLA) KV.

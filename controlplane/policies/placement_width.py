@@ -6,10 +6,11 @@ places exactly when one domain offers `tp` available GPUs, with the required cap
 of at least the need each: when the need is at most `GroupOffers.most_for(tp)`, the largest
 free memory `tp` GPUs of one domain all have (`place_replica`'s own gates and domains). Each
 width is therefore assessed on that GPU, and the first whose assessment fits is the one
-`place_grouped` is asked to place. A width not taken failed on memory (its need exceeds the
-largest GPU the placement could take, `exceeds_largest_gpu`) or on GPUs (no domain offers `tp`
-GPUs that large, `too_few_gpus`; none at all can be taken, `no_gpu_available`); the decision's
-layout reason lists every width tried.
+`place_grouped` is asked to place. A width not taken failed on the model (its heads do not
+split over `tp` GPUs, `heads_do_not_split`: `head_split_reasons`, as `fleetctl fit` gates), on
+memory (its need exceeds the largest GPU the placement could take, `exceeds_largest_gpu`) or
+on GPUs (no domain offers `tp` GPUs that large, `too_few_gpus`; none at all can be taken,
+`no_gpu_available`); the decision's layout reason lists every width tried.
 
 Cost: width 1 is sized on the largest available GPU (one GPU is a group in any domain), so a
 placement that fits there costs what it did before: one assessment, one `place_grouped` call.
@@ -31,6 +32,7 @@ from controlplane.policies.memory import (
     MemoryAssessment,
     ModelMemory,
     assess_memory,
+    head_split_reasons,
     kv_shards_under_tensor_parallel,
 )
 from controlplane.policies.placement import (
@@ -42,7 +44,7 @@ from controlplane.policies.placement_grouped import GroupedInventory, place_grou
 from controlplane.policies.reasons import Reason
 
 TAKEN, EXCEEDS_LARGEST_GPU, TOO_FEW_GPUS = "taken", "exceeds_largest_gpu", "too_few_gpus"
-NO_GPU_AVAILABLE = "no_gpu_available"
+NO_GPU_AVAILABLE, HEADS_DO_NOT_SPLIT = "no_gpu_available", "heads_do_not_split"
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,12 @@ class MemorySizing:
     target_concurrency: int
     runtime_overhead_gib: float
     usable_fraction: float
+    attention_heads: int | None = None  # None: not known (a model declared by its memory)
+
+    def split_reasons(self, tensor_parallel: int) -> tuple[Reason, ...]:
+        """Why the model's heads do not split over `tensor_parallel` GPUs (empty: they do)."""
+        return head_split_reasons(tensor_parallel, self.model.kv_heads, self.model.kv_latent_dim,
+                                  self.attention_heads)
 
     def assess(self, tensor_parallel: int, free_gib: float) -> MemoryAssessment:
         """The assessment at `tensor_parallel` on a GPU with `free_gib` usable (free) memory."""
@@ -184,7 +192,9 @@ def place_at_width(shape: ReplicaShape, sizing: MemorySizing, fleet: GroupedInve
         need = on_largest.required_gib_per_gpu
         sized_on: float | None = None
         outcome, assessment, decision = EXCEEDS_LARGEST_GPU, on_largest, None
-        if on_largest.fits:
+        if sizing.split_reasons(tp):
+            outcome = HEADS_DO_NOT_SPLIT
+        elif on_largest.fits:
             outcome = TOO_FEW_GPUS if available_gib is not None else NO_GPU_AVAILABLE
             if available_gib is not None:
                 sized_on = available_gib if tp == 1 else offers.most_for(tp)
@@ -207,9 +217,12 @@ def place_at_width(shape: ReplicaShape, sizing: MemorySizing, fleet: GroupedInve
         return WidthDecision(tp, assessment, sized_on_gib, decision, Reason(
             "layout_smallest_fitting", f"tensor parallel {tp} is the smallest power of two whose "
             "memory fits GPUs the placement can group", facts))
-    # The refusal's GPU facts are judged at the first width only GPUs stopped, else the widest.
+    # The refusal's GPU facts are judged at the first width only GPUs stopped, else the widest
+    # the model's heads split over (width 1 always does): a width they do not split over may
+    # well be placeable, and the refusal must not place it.
     shown = next((i for i, t in enumerate(tried)
-                  if t["outcome"] in (TOO_FEW_GPUS, NO_GPU_AVAILABLE)), -1)
+                  if t["outcome"] in (TOO_FEW_GPUS, NO_GPU_AVAILABLE)),
+                 max(i for i, t in enumerate(tried) if t["outcome"] != HEADS_DO_NOT_SPLIT))
     tp, assessment, sized_on_gib, decision = judged[shown]
     if decision is None:
         decision = place_grouped(shape.at(tp, assessment.required_gib_per_gpu), fleet)
@@ -226,6 +239,8 @@ def _why_not(tried: list[dict[str, object]], locality: Locality, largest_gib: fl
         width, group_gib = t["tensor_parallel"], t["largest_group_usable_gib"]
         why = (f"more than the largest GPU offers ({largest_gib:.2f} GiB)"
                if t["outcome"] == EXCEEDS_LARGEST_GPU
+               else "but the model's heads do not split over that many GPUs"
+               if t["outcome"] == HEADS_DO_NOT_SPLIT
                else "but no GPU can be taken (each is cordoned, reserved or lacks a required "
                "capability)" if t["outcome"] == NO_GPU_AVAILABLE
                else f"but {domain} offers fewer than {width} such GPUs" if group_gib is None

@@ -24,6 +24,7 @@ from controlplane.policies.placement_width import (
     ReplicaShape,
     place_at_width,
 )
+from controlplane.replay import state_at
 from controlplane.state.gpu_index import GpuIndex
 from events.model import RecordedEvent
 from events.store import EventStore
@@ -236,3 +237,37 @@ def test_the_automatic_width_is_the_smallest_power_of_two_whose_need_a_group_of_
         entry = next((t for t in tried if t["tensor_parallel"] == tp), None)
         if entry is not None and entry["outcome"] != "exceeds_largest_gpu":
             assert entry["largest_group_usable_gib"] == offer
+
+
+def test_the_automatic_width_passes_over_one_the_models_heads_do_not_split_over(
+        store: EventStore) -> None:
+    """Qwen2.5-7B has 28 attention heads: on L4-sized GPUs only width 8 fits its memory, and
+    `fleetctl fit` refuses that width, but the placement took it: a runtime would not start."""
+    run(store, register_node("l4", gpus=8, memory_gib=22.35),
+        register_model("qwen", "Qwen/Qwen2.5-7B-Instruct"),
+        place_replica("auto", model_id="qwen", tp=None, max_live_tokens_per_request=32_768,
+                      target_concurrency=35))
+    refused = decision(store, "place-auto")
+    assert refused.event_type == "PlacementRefused"
+    assert outcomes(refused)[-1] == (8, "heads_do_not_split")
+    assert "gpus" not in refused.data["result"] and state_at(store).get("replica", "auto") is None
+    assert "width 8 needs" in layout(refused)["message"]
+    assert "heads do not split over that many GPUs" in layout(refused)["message"]
+    run(store, place_replica("four", model_id="qwen", tp=None, max_live_tokens_per_request=8_192,
+                             target_concurrency=8))
+    placed = decision(store, "place-four")
+    assert placed.event_type == "ReplicaPlaced" and 28 % placed.data["result"]["tensor_parallel"] == 0
+    assert_replay_exact(store)
+
+
+def test_a_commanded_width_the_models_heads_do_not_split_over_is_refused_naming_both_counts(
+        store: EventStore) -> None:
+    run(store, register_node("n1", gpus=4), register_model(),
+        place_replica("three", tp=3))
+    refused = decision(store, "place-three")
+    assert refused.event_type == "PlacementRefused"
+    assert [r["code"] for r in refused.data["reasons"]] == [
+        "attention_heads_not_divisible_by_tp", "kv_heads_incompatible_with_tp"]
+    assert refused.data["reasons"][0]["facts"] == {"attention_heads": 32,
+                                                   "tensor_parallel_size": 3}
+    assert_replay_exact(store)

@@ -121,7 +121,25 @@ def test_a_registration_records_the_entry_it_used_and_no_more(store: EventStore)
         # The checkpoint's precision is read only when the command leaves it to the catalog.
         assert ("checkpoint_bits" in entry) == (bits == 16)
         assert set(entry) <= {"model_id", "parameters", "layers", "kv_heads", "head_dim",
-                              "kv_latent_dim", "checkpoint_bits"}
+                              "kv_latent_dim", "checkpoint_bits", "attention_heads"}
+        # The heads a tensor-parallel width must split, recorded with the model it registers.
+        assert data["result"]["attention_heads"] == entry["attention_heads"] == 32
+
+
+def test_a_registration_recorded_before_attention_heads_were_read_re_derives_unchanged(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rules version 3 read no attention heads from the catalog: its recorded entry lacks
+    them, and re-derived from that entry the registration is what was recorded."""
+    from controlplane.handlers import fleet
+
+    original = fleet._catalog_entry
+    monkeypatch.setattr(fleet, "_catalog_entry", lambda catalog_id, bits: {
+        key: value for key, value in original(catalog_id, bits).items()
+        if key != "attention_heads"})
+    run(store, register_model("llama", LLAMA))
+    monkeypatch.undo()
+    assert "attention_heads" not in decision(store, "model-llama").data["result"]
+    assert_verifies_identical(store)
 
 
 def test_a_what_if_replay_reads_the_recorded_entry_not_the_catalog(
