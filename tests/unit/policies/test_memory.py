@@ -140,7 +140,7 @@ def test_capstone_overhead_is_echoed_unchanged_so_json_shows_an_integer() -> Non
     ({}, {"gpu_memory_gib": math.inf}, "deployment_field_not_positive", "gpu_memory_gib"),
     ({}, {"kv_shards": 1.5}, "deployment_field_not_integer", "kv_shards"),
     ({}, {"runtime_overhead_gib": -0.1}, "runtime_overhead_negative", "runtime_overhead_gib"),
-    ({}, {"runtime_overhead_gib": math.nan}, "runtime_overhead_negative", "runtime_overhead_gib"),
+    ({}, {"runtime_overhead_gib": math.nan}, "runtime_overhead_not_finite", "runtime_overhead_gib"),
     ({}, {"usable_fraction": 1.01}, "usable_fraction_out_of_range", "usable_fraction"),
     ({}, {"usable_fraction": math.nan}, "usable_fraction_out_of_range", "usable_fraction"),
     ({}, {"pipeline_parallel_size": 0}, "deployment_field_not_positive", "pipeline_parallel_size"),
