@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Sequence
 
 from redis import Redis
-from rq import Queue, Retry
+from rq import Queue, Retry, Worker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
@@ -55,6 +55,11 @@ def command_queue(connection: Redis, name: str | None = None) -> Queue:
     """The command queue (`FLEET_QUEUE`, by default `fleet-commands`); jobs are JSON, never pickle."""
     return Queue(name or Settings.from_env().command_queue, connection=connection,
                  serializer=JSONSerializer)
+
+
+def workers_serving(connection: Redis, name: str) -> int:
+    """How many RQ workers listen on the queue `name` (they register themselves in Redis)."""
+    return Worker.count(connection=connection, queue=command_queue(connection, name))
 
 
 def batch_job_id(queue_name: str, command_ids: Sequence[str], kind: str = "decide") -> str:

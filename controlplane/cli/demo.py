@@ -12,6 +12,10 @@ import click
 from controlplane.cli.context import settings_and_store
 from controlplane.cli.output import emit, table
 from controlplane.demo import Demo, demo_inputs
+from controlplane.errors import OperationalError
+from controlplane.settings import Settings, redacted_url
+from workers.connections import connect, redis_url_in_use
+from workers.queue import workers_serving
 
 
 def _render(report: dict[str, Any]) -> str:
@@ -37,6 +41,17 @@ def _render(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _workers_listening(settings: Settings) -> None:
+    """OperationalError unless the demo's commands will be decided: on the embedded queue they
+    are, in-process; on a Redis (FLEET_REDIS_URL) a worker must listen on the command queue,
+    or the demo would wait five minutes per phase and fail."""
+    url = redis_url_in_use(settings)
+    if url is not None and not workers_serving(connect(settings), settings.command_queue):
+        raise OperationalError(
+            f"no worker listens on queue {settings.command_queue!r} at {redacted_url(url)}: "
+            "start `fleetctl worker`, or unset FLEET_REDIS_URL to run the demo in-process")
+
+
 @click.command()
 @click.option("--trace-requests", default=2_000, show_default=True,
               help="How many requests of the Azure conversation trace to play.")
@@ -46,6 +61,7 @@ def demo(trace_requests: int, as_json: bool) -> int:
     if trace_requests <= 0:
         raise click.BadParameter("must be positive", param_hint="--trace-requests")
     inputs = demo_inputs(trace_requests)  # before the log is opened: a bad fixture writes nothing
+    _workers_listening(Settings.from_env())  # before the log is opened too
     settings, store = settings_and_store()
     progress = None
     if not as_json and sys.stderr.isatty():

@@ -172,6 +172,16 @@ def test_an_unreachable_redis_is_an_operational_failure(tmp_path: Path,
     assert "s3cret" not in result.stderr
 
 
+def test_demo_on_a_redis_no_worker_listens_on_exits_3_at_once_and_writes_nothing(
+        tmp_path: Path, real_redis: object) -> None:
+    """It had waited five minutes for the first phase, silent, then failed (exit 3)."""
+    result = run_cli("demo", "--trace-requests", "5")
+    assert result.exit_code == 3, result.stderr
+    assert result.stderr.startswith("error: no worker listens on queue 'fleet-test-")
+    assert "start `fleetctl worker`, or unset FLEET_REDIS_URL" in result.stderr
+    assert not (tmp_path / "fleet.db").exists()
+
+
 @pytest.mark.parametrize("missing", ["everything", "scenarios", "traces"])
 def test_demo_with_fixtures_it_cannot_read_exits_2_naming_the_variable_and_writes_nothing(
         tmp_path: Path, embedded: str, monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
