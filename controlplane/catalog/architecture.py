@@ -106,6 +106,17 @@ class Architecture:
         return replace(self, layers=layers, sliding_window_layers=windowed)
 
 
+def windowed_layer_flags(architecture: Architecture) -> tuple[bool, ...]:
+    """Which decoder layers, in order, keep a sliding window of KV: Gemma-2's even-indexed
+    ones, the others' last `sliding_window_layers` (see `Architecture.with_layers`)."""
+    layers, windowed = architecture.layers, architecture.sliding_window_layers
+    if architecture.sliding_window_tokens is None:
+        return (False,) * layers
+    if architecture.model_type == "gemma2":
+        return tuple(index % 2 == 0 for index in range(layers))
+    return tuple(index >= layers - windowed for index in range(layers))
+
+
 def alternating_windowed_layers(layers: int) -> int:
     """Gemma-2's windowed layers: even-indexed layers slide, odd ones attend globally
     (transformers' Gemma2DecoderLayer: `is_sliding = not bool(layer_idx % 2)`)."""

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from controlplane.catalog.architecture import windowed_layer_flags
 from controlplane.catalog.dtypes import DType, kv_element_bytes
 from controlplane.catalog.gpus import GpuType, MemoryBasis
 from controlplane.catalog.registry import Catalog, load_catalog
@@ -26,6 +27,7 @@ from controlplane.policies.memory import (
     head_split_reasons,
     kv_shards_under_tensor_parallel,
     largest_stage_parameters,
+    largest_stage_window_tokens,
 )
 from controlplane.policies.reasons import PolicyInputError, Reason, require
 
@@ -215,6 +217,7 @@ def _window(request: FitRequest, subject: FitSubject,
             "deployment_field_not_positive", "kv_window_tokens", "the KV window must be positive")
     arch = subject.architecture
     windowed_layers = subject.layers
+    flags = (True,) * subject.layers
     if arch is not None:
         model_window = arch.sliding_window_tokens
         require(model_window is not None, "model_has_no_sliding_window", "kv_window_tokens",
@@ -223,7 +226,12 @@ def _window(request: FitRequest, subject: FitSubject,
                 "kv_window_tokens",
                 f"the model attends over {model_window} tokens; a smaller window drops needed KV")
         windowed_layers = arch.sliding_window_layers
-    cap = effective_window_tokens(subject.layers, windowed_layers, max_len, window)
+        flags = windowed_layer_flags(arch)
+    stages = request.pipeline_parallel_size
+    if isinstance(stages, int) and not isinstance(stages, bool) and 1 < stages <= subject.layers:
+        cap = largest_stage_window_tokens(flags, stages, max_len, window)
+    else:  # one stage (or a count the memory policy refuses, naming it)
+        cap = effective_window_tokens(subject.layers, windowed_layers, max_len, window)
     note = Reason("kv_window_applied",
                   f"{windowed_layers} of {subject.layers} layers keep at most {window} tokens",
                   {"declared_window_tokens": window, "windowed_layers": windowed_layers,

@@ -15,6 +15,7 @@ the stages divide the layers. With one stage the weights are the model's whole p
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controlplane.policies.reasons import Reason, require
@@ -156,6 +157,26 @@ def effective_window_tokens(layers: int, windowed_layers: int, live_tokens: int,
     capped = min(live_tokens, window_tokens)
     total = (layers - windowed_layers) * live_tokens + windowed_layers * capped
     return -(-total // layers)
+
+
+def largest_stage_window_tokens(windowed: Sequence[bool], stages: int, live_tokens: int,
+                                window_tokens: int) -> int:
+    """`effective_window_tokens` of the pipeline stage that caches the most: `windowed` says
+    which layers, in order, keep at most `window_tokens`; stages take ceil(layers / stages)
+    layers each, in order (as `largest_stage_parameters` splits them), and the tokens are
+    averaged over that many layers, rounded up, as the KV per GPU counts them. With one stage,
+    `effective_window_tokens`. Averaged over the whole model instead, a stage holding more of
+    the full-context layers (Gemma-2's last stage) was undercounted."""
+    layers = len(windowed)
+    require(_is_count(stages) and 0 < stages <= layers, "pipeline_stages_exceed_layers",
+            "pipeline_parallel_size", f"{stages} pipeline stages cannot split {layers} layers")
+    effective_window_tokens(layers, sum(windowed), live_tokens, window_tokens)  # validates
+    capped = min(live_tokens, window_tokens)
+    stage_layers = -(-layers // stages)
+    heaviest = max(sum(capped if slides else live_tokens
+                       for slides in windowed[start:start + stage_layers])
+                   for start in range(0, layers, stage_layers))
+    return -(-heaviest // stage_layers)
 
 
 def _is_count(value: object) -> bool:

@@ -169,3 +169,16 @@ def test_counts_reject_fractions_and_accept_separators() -> None:
     assert run("--params", "8.5", "--layers", "1").exit_code == 2
     code, report = run_json(*replaced(COURSE, "--params", "8_000_000_000"))
     assert code == 0 and report["parameters"] == 8_000_000_000
+
+
+def test_a_pipelined_sliding_window_model_is_sized_on_its_heaviest_stage() -> None:
+    """Gemma-2-9B over two stages: the last holds 11 of the 21 full-context layers, so its KV
+    per sequence is more than the model's average (6,144 tokens a layer) says."""
+    args = ["--model", "google/gemma-2-9b", "--gpu-memory-gib", "80", "--max-model-len", "8192",
+            "--kv-window-tokens", "4096", "--concurrency", "1"]
+    _, one_stage = run_json(*args)
+    _, two_stages = run_json(*args, "--pp", "2")
+    assert (one_stage["kv_tokens_per_sequence"], two_stages["kv_tokens_per_sequence"]) == (
+        6144, 6242)
+    window = [n for n in two_stages["notes"] if n["code"] == "kv_window_applied"][0]
+    assert window["facts"]["kv_tokens_per_sequence"] == 6242

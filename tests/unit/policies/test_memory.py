@@ -18,6 +18,7 @@ from controlplane.policies.memory import (
     effective_window_tokens,
     kv_bytes_per_token,
     kv_shards_under_tensor_parallel,
+    largest_stage_window_tokens,
 )
 from controlplane.policies.reasons import PolicyInputError, to_plain
 
@@ -331,3 +332,16 @@ def test_numbers_past_any_deployment_are_refused_not_overflowed(
         assess_memory(replace(UNIT_MODEL, **model_change),  # type: ignore[arg-type]
                       unit_deployment(**deployment_change))
     assert (caught.value.code, caught.value.field) == (code, field)
+
+
+def test_pipeline_stages_cache_what_their_own_layers_keep_not_the_models_average() -> None:
+    """Gemma-2-9B's 42 layers alternate sliding (even) and full (odd). Over two stages of 21,
+    the last holds 11 full-context layers and 10 windowed: 131,072 tokens over 21 layers, 6,242
+    each rounded up, where the model's average (6,144) undercounted that stage."""
+    alternating = tuple(index % 2 == 0 for index in range(42))
+    assert largest_stage_window_tokens(alternating, 1, 8192, 4096) == \
+        effective_window_tokens(42, 21, 8192, 4096) == 6144
+    assert largest_stage_window_tokens(alternating, 2, 8192, 4096) == 6242
+    trailing = tuple(index >= 28 for index in range(32))  # Qwen2: the last 4 slide
+    assert largest_stage_window_tokens(trailing, 4, 8192, 1024) == 8192  # stage 1 slides none
+    assert largest_stage_window_tokens((True,) * 32, 4, 8192, 1024) == 1024
