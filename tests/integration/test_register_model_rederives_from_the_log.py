@@ -133,11 +133,11 @@ def test_a_registration_recorded_before_attention_heads_were_read_re_derives_unc
     from controlplane.handlers import fleet
 
     original = fleet._catalog_entry
-    monkeypatch.setattr(fleet, "_catalog_entry", lambda catalog_id, bits: {
-        key: value for key, value in original(catalog_id, bits).items()
-        if key != "attention_heads"})
-    run(store, register_model("llama", LLAMA))
-    monkeypatch.undo()
+    with monkeypatch.context() as older:  # only this: undo() would unset FLEET_DATABASE_URL too
+        older.setattr(fleet, "_catalog_entry", lambda catalog_id, bits: {
+            key: value for key, value in original(catalog_id, bits).items()
+            if key != "attention_heads"})
+        run(store, register_model("llama", LLAMA))
     assert "attention_heads" not in decision(store, "model-llama").data["result"]
     assert_verifies_identical(store)
 
