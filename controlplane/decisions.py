@@ -150,13 +150,15 @@ def decision_data(*, outcome: str, reasons: tuple[Reason, ...] | list[Reason],
     """
     if ctx.outside.made:
         inputs = {**inputs, OUTSIDE_READS: ctx.outside.made}
+    # Scalars are plain as they are (`to_plain` returns them): every decision has two.
     return Plain({
-        "outcome": to_plain(outcome),
-        "reasons": to_plain(list(reasons)),
+        "outcome": outcome if type(outcome) is str else to_plain(outcome),
+        "reasons": to_plain(reasons),  # a new list, whether given a list or a tuple
         "result": to_plain(result),
         "policy": to_plain(policy.as_dict()) if policy is not None else None,
         "inputs": to_plain(inputs),
-        "read_position": to_plain(ctx.read_position),
+        "read_position": ctx.read_position if type(ctx.read_position) is int
+        else to_plain(ctx.read_position),
         "causes": to_plain(causes) if causes else [],
         "rules_version": ctx.rules_version,
     })

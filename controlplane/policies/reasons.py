@@ -76,7 +76,14 @@ def to_plain(value: Any) -> Any:
     if fields is None and hasattr(kind, "__dataclass_fields__") and not isinstance(value, type):
         fields = _FIELDS[kind] = tuple(kind.__dataclass_fields__)
     if fields is not None:
-        return to_plain({name: getattr(value, name) for name in fields})
+        # Its fields' dict is built plain as it is filled: it is fresh, so it need not be built
+        # and then copied by the dict path above (a decision's reasons come this way).
+        plain = {}
+        for name in fields:
+            item = getattr(value, name)
+            plain[name] = item if type(item) in _SCALARS or type(item) is float and isfinite(item) \
+                else to_plain(item)
+        return plain
     return _to_plain_other(value)
 
 

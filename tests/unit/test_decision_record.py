@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from controlplane.decisions import DecisionContext, decision_data
 from controlplane.policies.admission import AdmissionAction
-from controlplane.policies.reasons import Reason
+from controlplane.policies.reasons import Reason, to_plain
 from controlplane.policy_book import PolicyBook, PolicyInForce
 from events.canonical import Plain, encode
 
@@ -55,3 +56,24 @@ def test_a_decision_record_shares_no_container_with_what_it_was_built_from() -> 
 
 def test_an_enum_outcome_is_recorded_by_its_value() -> None:
     assert _record(outcome=AdmissionAction.ADMIT)["outcome"] == "admit"
+
+
+def test_a_reasons_facts_are_copied_into_the_record_not_shared() -> None:
+    facts: dict[str, Any] = {"tokens": [10], "pool": {"id": "p"}}
+    record = _record(reasons=(Reason("fits", "it fits", facts),))
+    text = encode(record)[0]
+    facts["tokens"].append(11)
+    facts["pool"]["id"] = "q"
+    facts["added"] = 1
+    assert encode(record)[0] == text
+
+
+def test_a_dataclass_field_holding_a_non_finite_number_is_refused() -> None:
+    @dataclass(frozen=True)
+    class Measured:
+        name: str
+        value: float
+
+    assert to_plain(Measured("ok", 1.5)) == {"name": "ok", "value": 1.5}
+    with pytest.raises(ValueError, match="non-finite"):
+        to_plain(Measured("bad", math.inf))
