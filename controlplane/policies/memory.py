@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from controlplane.policies.reasons import Reason, require
+from controlplane.policies.reasons import PolicyInputError, Reason, require
 
 GIB = 1024**3
 
@@ -198,35 +198,45 @@ def _within_range(value: object, bound: float) -> bool:
 
 
 def _validate(model: ModelMemory, deployment: DeploymentMemory) -> None:
+    # A message is formatted only for the check that fails: every placement assesses memory,
+    # and formatting the thirty-odd messages of checks that passed was most of this function.
     for name in ("parameters", "weight_bits", "layers", "kv_heads", "head_dim", "kv_element_bytes",
                  "kv_latent_dim"):
-        require(_within_range(getattr(model, name), MAX_COUNT), "model_field_out_of_range", name,
-                f"model {name} must be at most {MAX_COUNT:.0e}")
+        if not _within_range(getattr(model, name), MAX_COUNT):
+            raise PolicyInputError("model_field_out_of_range", name,
+                                   f"model {name} must be at most {MAX_COUNT:.0e}")
     for name in ("tensor_parallel_size", "kv_shards", "max_live_tokens_per_request",
                  "target_concurrency", "pipeline_parallel_size", "kv_window_tokens"):
         value = getattr(deployment, name)
-        require(value is None or _within_range(value, MAX_COUNT), "deployment_field_out_of_range",
-                name, f"deployment {name} must be at most {MAX_COUNT:.0e}")
+        if not (value is None or _within_range(value, MAX_COUNT)):
+            raise PolicyInputError("deployment_field_out_of_range", name,
+                                   f"deployment {name} must be at most {MAX_COUNT:.0e}")
     for name in ("gpu_memory_gib", "runtime_overhead_gib"):
-        require(_within_range(getattr(deployment, name), MAX_GIB), "deployment_field_out_of_range",
-                name, f"deployment {name} must be at most {MAX_GIB:.0e} GiB")
+        if not _within_range(getattr(deployment, name), MAX_GIB):
+            raise PolicyInputError("deployment_field_out_of_range", name,
+                                   f"deployment {name} must be at most {MAX_GIB:.0e} GiB")
     for name in ("parameters", "weight_bits", "layers", "kv_heads", "head_dim", "kv_element_bytes"):
         value = getattr(model, name)
-        require(_is_count(value), "model_field_not_integer", name,
-                f"model {name} must be an integer")
-        require(value > 0, "model_field_not_positive", name, f"model {name} must be positive")
+        if not _is_count(value):
+            raise PolicyInputError("model_field_not_integer", name,
+                                   f"model {name} must be an integer")
+        if not value > 0:
+            raise PolicyInputError("model_field_not_positive", name,
+                                   f"model {name} must be positive")
     require(_is_count(model.kv_latent_dim) and model.kv_latent_dim >= 0,
             "model_field_negative", "kv_latent_dim", "kv_latent_dim must be a non-negative integer")
     for name in ("gpu_memory_gib", "tensor_parallel_size", "kv_shards",
                  "max_live_tokens_per_request", "target_concurrency"):
         value = getattr(deployment, name)
-        require(isinstance(value, (int, float)) and not isinstance(value, bool)
-                and math.isfinite(value) and value > 0, "deployment_field_not_positive", name,
-                f"deployment {name} must be positive" if not isinstance(value, float)
-                or math.isfinite(value) else f"deployment {name} must be a finite number")
-        if name != "gpu_memory_gib":
-            require(_is_count(value), "deployment_field_not_integer", name,
-                    f"deployment {name} must be an integer")
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and math.isfinite(value) and value > 0):
+            raise PolicyInputError("deployment_field_not_positive", name,
+                                   f"deployment {name} must be positive"
+                                   if not isinstance(value, float) or math.isfinite(value)
+                                   else f"deployment {name} must be a finite number")
+        if name != "gpu_memory_gib" and not _is_count(value):
+            raise PolicyInputError("deployment_field_not_integer", name,
+                                   f"deployment {name} must be an integer")
     overhead = deployment.runtime_overhead_gib
     require(math.isfinite(overhead), "runtime_overhead_not_finite", "runtime_overhead_gib",
             "runtime overhead must be a finite number of GiB")
@@ -238,8 +248,9 @@ def _validate(model: ModelMemory, deployment: DeploymentMemory) -> None:
     stages = deployment.pipeline_parallel_size
     require(_is_count(stages) and stages > 0, "deployment_field_not_positive",
             "pipeline_parallel_size", "pipeline_parallel_size must be a positive integer")
-    require(stages <= model.layers, "pipeline_stages_exceed_layers", "pipeline_parallel_size",
-            f"{stages} pipeline stages cannot split {model.layers} layers")
+    if not stages <= model.layers:
+        raise PolicyInputError("pipeline_stages_exceed_layers", "pipeline_parallel_size",
+                               f"{stages} pipeline stages cannot split {model.layers} layers")
     window = deployment.kv_window_tokens
     require(window is None or (_is_count(window) and window > 0), "deployment_field_not_positive",
             "kv_window_tokens", "kv_window_tokens must be a positive integer when declared")

@@ -345,3 +345,25 @@ def test_pipeline_stages_cache_what_their_own_layers_keep_not_the_models_average
     trailing = tuple(index >= 28 for index in range(32))  # Qwen2: the last 4 slide
     assert largest_stage_window_tokens(trailing, 4, 8192, 1024) == 8192  # stage 1 slides none
     assert largest_stage_window_tokens((True,) * 32, 4, 8192, 1024) == 1024
+
+
+@pytest.mark.parametrize(("model_change", "deployment_change", "message"), [
+    ({"parameters": 10**400}, {}, "model parameters must be at most 1e+15"),
+    ({}, {"target_concurrency": 10**400}, "deployment target_concurrency must be at most 1e+15"),
+    ({}, {"gpu_memory_gib": 1e308}, "deployment gpu_memory_gib must be at most 1e+09 GiB"),
+    ({"parameters": 7.5e9}, {}, "model parameters must be an integer"),
+    ({"layers": 0}, {}, "model layers must be positive"),
+    ({}, {"target_concurrency": 0}, "deployment target_concurrency must be positive"),
+    ({}, {"gpu_memory_gib": math.inf}, "deployment gpu_memory_gib must be a finite number"),
+    ({}, {"kv_shards": 1.5}, "deployment kv_shards must be an integer"),
+    ({}, {"pipeline_parallel_size": 2}, "2 pipeline stages cannot split 1 layers"),
+])
+def test_a_refused_input_keeps_the_message_its_rejection_records(
+        model_change: dict[str, object], deployment_change: dict[str, object],
+        message: str) -> None:
+    """A placement's rejection records the message in the log: formatting it only when its
+    check fails must not change a character of it."""
+    with pytest.raises(PolicyInputError) as caught:
+        assess_memory(replace(UNIT_MODEL, **model_change),  # type: ignore[arg-type]
+                      unit_deployment(**deployment_change))
+    assert caught.value.message == message
