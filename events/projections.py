@@ -202,7 +202,12 @@ class SqlProjections:
         self._cache.write(name, key, value, self._stored)
 
     def delete(self, name: str, key: str) -> None:
-        self._pending[(name, key)] = _DELETED
+        pending = (name, key)
+        if self._pending.get(pending) is _DELETED:
+            # Already deleted in this transaction, and the cache and views told: each event of
+            # a decision settles its command (`apply_event`), but the first deletes the row.
+            return
+        self._pending[pending] = _DELETED
         self._cache.write(name, key, None, self._stored)
 
     def settle(self, head: tuple[int, str] | None = None) -> None:

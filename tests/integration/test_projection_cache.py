@@ -346,3 +346,28 @@ def test_a_write_to_a_projection_another_process_moved_is_not_lost_when_it_is_ne
         raise RuntimeError("rolled back: the write was only to be read")
     assert held == {f"{node}{GPU_ID_SEPARATOR}{gpu}" for node, gpu in
                     gpu_holds(store.read_all())} | {f"{node_id}{GPU_ID_SEPARATOR}{gpu_id}"}
+
+
+def test_a_row_deleted_twice_then_put_and_deleted_again_in_one_transaction_stays_deleted(
+        store: EventStore) -> None:
+    """A repeated delete in one transaction is skipped (a decision's every event settles its
+    command); a put after it, and a delete after that put, still count."""
+    with store.transaction() as tx:
+        tx.projections.put("things", "k", {"v": 1})
+        tx.projections.put("things", "j", {"v": 1})
+        append_marker(tx)
+    with store.transaction() as tx:
+        rows = tx.projections.view("things", "rows", _Rows)
+        tx.projections.delete("things", "k")
+        tx.projections.delete("things", "k")
+        assert tx.projections.get("things", "k") is None and "k" not in rows.rows
+        tx.projections.put("things", "k", {"v": 2})
+        assert rows.rows["k"] == {"v": 2}
+        tx.projections.delete("things", "k")
+        assert tx.projections.get("things", "k") is None and "k" not in rows.rows
+        append_marker(tx)
+    with store.engine.connect() as conn:
+        assert load_all(conn) == {"things": {"j": {"v": 1}}}
+    with store.transaction() as tx:
+        assert tx.projections.get("things", "k") is None
+        assert tx.projections.view("things", "rows", _Rows).rows == {"j": {"v": 1}}
