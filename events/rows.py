@@ -111,7 +111,7 @@ def row_for(new: NewEvent, stream_id: str, version: int, position: int, recorded
     """The row that stores `new` at its place, chained after `prev_hash` (`chain_hash`), and
     its data as a reader of the log decodes it."""
     text, data = encode(new.data)
-    header = {  # `header_of` the row, built first: no row is taken apart again to hash it
+    row = {  # `header_of` the row, built first and hashed, then given the rest of the row
         "position": position, "stream_id": stream_id, "stream_version": version,
         "event_id": new.event_id, "event_type": new.event_type,
         "schema_version": new.schema_version,
@@ -119,7 +119,6 @@ def row_for(new: NewEvent, stream_id: str, version: int, position: int, recorded
         "correlation_id": new.correlation_id, "actor": new.actor, "tenant": new.tenant,
         "occurred_at": new.occurred_at, "recorded_at": recorded_at,
     }
-    row = header.copy()
+    row["hash"] = chain_hash(prev_hash, row, text)
     row["data"], row["prev_hash"] = text, prev_hash
-    row["hash"] = chain_hash(prev_hash, header, text)
     return row, data
