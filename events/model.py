@@ -11,6 +11,8 @@ from typing import Any
 # Event ids derived from a command id are stable, so handling a command twice yields the same ids.
 EVENT_NAMESPACE = uuid.UUID("6f1c2a4e-9d3b-4c8e-a1f0-2b7d5e9c3a10")
 _NAMESPACE_BYTES = EVENT_NAMESPACE.bytes
+# A hex digit with its top two bits set to the RFC 4122 variant (binary 10).
+_VARIANT_DIGIT = {digit: f"{int(digit, 16) & 0x3 | 0x8:x}" for digit in "0123456789abcdef"}
 
 
 def derived_event_id(command_id: str, slot: str) -> str:
@@ -18,13 +20,12 @@ def derived_event_id(command_id: str, slot: str) -> str:
 
     It is `str(uuid.uuid5(EVENT_NAMESPACE, f"{command_id}/{slot}"))`, computed without building
     UUID objects (every decision derives several): SHA-1 of namespace and name, the first 16
-    bytes with the version (5) and RFC 4122 variant bits set.
+    bytes with the version (5) and RFC 4122 variant bits set, written straight into the hex
+    text (the version is its 13th digit, the variant the top two bits of its 17th).
     """
-    digest = bytearray(hashlib.sha1(_NAMESPACE_BYTES + f"{command_id}/{slot}".encode()).digest()[:16])
-    digest[6] = (digest[6] & 0x0F) | 0x50
-    digest[8] = (digest[8] & 0x3F) | 0x80
-    text = digest.hex()
-    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+    text = hashlib.sha1(_NAMESPACE_BYTES + f"{command_id}/{slot}".encode()).hexdigest()
+    return (f"{text[:8]}-{text[8:12]}-5{text[13:16]}-{_VARIANT_DIGIT[text[16]]}{text[17:20]}"
+            f"-{text[20:32]}")
 
 
 @dataclass(frozen=True)
