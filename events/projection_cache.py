@@ -25,7 +25,7 @@ The cache mirrors the projections table: everything written to that table goes t
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Engine
@@ -43,7 +43,20 @@ if TYPE_CHECKING:
 MAX_CACHED_ROWS = 50_000
 
 Row = dict[str, Any]
-Stored = Callable[[str], dict[str, str]]
+
+
+class RowSource(Protocol):
+    """Where the cache reads what it does not hold: the rows on the current transaction's
+    connection. Passed to every call (not a pair of bound methods, made afresh for every row
+    a decision reads or writes)."""
+
+    def load_row(self, name: str, key: str) -> Row | None:
+        """Row `key` of projection `name` as stored (None: absent)."""
+        ...
+
+    def stored_rows(self, name: str) -> dict[str, str]:
+        """Every stored row of projection `name`: key to its stored text."""
+        ...
 
 
 class ProjectionCache:
@@ -99,7 +112,7 @@ class ProjectionCache:
         if texts is not None:
             texts[key] = text
 
-    def _revalidate(self, name: str, stored: Stored) -> None:
+    def _revalidate(self, name: str, source: RowSource) -> None:
         """Bring a projection with views up to the stored rows, decoding only changed ones.
 
         Only for a projection in `stale`: callers look first (every read and write of a row
@@ -107,7 +120,7 @@ class ProjectionCache:
         """
         rows, texts = self.rows.setdefault(name, {}), self.texts.setdefault(name, {})
         views = self.views.get(name, {}).values()
-        current = stored(name)
+        current = source.stored_rows(name)
         for key, text in current.items():
             if texts.get(key) != text:
                 value = rows[key] = decode(text)
@@ -123,24 +136,23 @@ class ProjectionCache:
         self.complete.add(name)
         self.stale.discard(name)
 
-    def row(self, name: str, key: str, load: Callable[[str, str], Row | None],
-            stored: Stored) -> Row | None:
+    def row(self, name: str, key: str, source: RowSource) -> Row | None:
         if name in self.stale:
-            self._revalidate(name, stored)
+            self._revalidate(name, source)
         table = self.rows.get(name)
         if table is not None and key in table:
             return table[key]
         if name in self.complete:
             return None
-        value = load(name, key)
+        value = source.load_row(name, key)
         self.rows.setdefault(name, {})[key] = value
         self.size += 1
         return value
 
-    def missing(self, name: str, keys: list[str], stored: Stored) -> list[str]:
+    def missing(self, name: str, keys: list[str], source: RowSource) -> list[str]:
         """Which of `keys` are not known yet (present or absent), each once, for `loaded`."""
         if name in self.stale:
-            self._revalidate(name, stored)
+            self._revalidate(name, source)
         if name in self.complete:
             return []
         table = self.rows.get(name, {})
@@ -157,23 +169,23 @@ class ProjectionCache:
                 table[key] = found.get(key)
                 self.size += 1
 
-    def table(self, name: str, stored: Stored) -> dict[str, Row]:
+    def table(self, name: str, source: RowSource) -> dict[str, Row]:
         """Every present row of `name`; the stored ones are decoded once per head."""
         if name in self.stale:
-            self._revalidate(name, stored)
+            self._revalidate(name, source)
         table = self.rows.setdefault(name, {})
         if name not in self.complete:
-            for key, text in stored(name).items():
+            for key, text in source.stored_rows(name).items():
                 if key not in table:  # a row written in this transaction is newer
                     table[key] = decode(text)
                     self.size += 1
             self.complete.add(name)
         return {key: value for key, value in table.items() if value is not None}
 
-    def write(self, name: str, key: str, value: Row | None, stored: Stored) -> None:
+    def write(self, name: str, key: str, value: Row | None, source: RowSource) -> None:
         """A put (or, with None, a delete) of the current transaction, seen by rows and views."""
         if name in self.stale:
-            self._revalidate(name, stored)
+            self._revalidate(name, source)
         self.dirty = True
         table = self.rows.get(name)
         if table is None:
@@ -190,15 +202,15 @@ class ProjectionCache:
                 view.apply(key, value)
 
     def view(self, name: str, view_id: Hashable, build: Callable[[], TableView],
-             stored: Stored) -> TableView:
+             source: RowSource) -> TableView:
         """The view, built on first use from every row (with their texts, to revalidate later)."""
         if name in self.stale:
-            self._revalidate(name, stored)
+            self._revalidate(name, source)
         view = self.views.get(name, {}).get(view_id)
         if view is None:
             if name not in self.texts and not self.rows.get(name):
                 # Read the texts with the rows, so a later head can be checked against them.
-                texts = stored(name)
+                texts = source.stored_rows(name)
                 rows = {key: decode(text) for key, text in texts.items()}
                 self.texts[name], self.rows[name] = texts, rows
                 self.size += len(rows)

@@ -156,10 +156,11 @@ class SqlProjections:
         self._cache = cache_for(connection, head) if shared else ProjectionCache()
 
     def get(self, name: str, key: str) -> dict[str, Any] | None:
-        value = self._cache.row(name, key, self._load, self._stored)
+        value = self._cache.row(name, key, self)
         return dict(value) if value is not None else None
 
-    def _load(self, name: str, key: str) -> dict[str, Any] | None:
+    def load_row(self, name: str, key: str) -> dict[str, Any] | None:
+        """Row `key` of `name` as stored (for the cache, on a miss)."""
         return _decoded(driver.fetch(self.connection, _GET_ROWS, name, in_values=[key])).get(key)
 
     def prefetch(self, keys: Iterable[tuple[str, str]]) -> None:
@@ -179,27 +180,28 @@ class SqlProjections:
             if (name, key) not in self._pending:
                 by_name.setdefault(name, []).append(key)
         for name, wanted in by_name.items():
-            for chunk in in_lists(self._cache.missing(name, wanted, self._stored)):
+            for chunk in in_lists(self._cache.missing(name, wanted, self)):
                 reads.add(_GET_ROWS, name, in_values=chunk, then=partial(self._loaded, name, chunk))
 
     def _loaded(self, name: str, keys: Sequence[str], rows: list[driver.Row]) -> None:
         self._cache.loaded(name, keys, _decoded(rows))
 
-    def _stored(self, name: str) -> dict[str, str]:
+    def stored_rows(self, name: str) -> dict[str, str]:
+        """Every stored row of `name` as its text (for the cache)."""
         return dict(driver.fetch(self.connection, _TABLE_ROWS, name))
 
     def items(self, name: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        table = self._cache.table(name, self._stored)
+        table = self._cache.table(name, self)
         yield from sorted((key, dict(value)) for key, value in table.items())
 
     def view(self, name: str, view_id: Hashable, build: Callable[[], V]) -> V:
         """See `table_view`: built on first use from the rows, then kept current by every write."""
         return self._cache.view(  # type: ignore[return-value]
-            name, view_id, lambda: _built(self, name, build), self._stored)
+            name, view_id, lambda: _built(self, name, build), self)
 
     def put(self, name: str, key: str, value: dict[str, Any]) -> None:
         self._pending[(name, key)] = value
-        self._cache.write(name, key, value, self._stored)
+        self._cache.write(name, key, value, self)
 
     def delete(self, name: str, key: str) -> None:
         pending = (name, key)
@@ -208,7 +210,7 @@ class SqlProjections:
             # a decision settles its command (`apply_event`), but the first deletes the row.
             return
         self._pending[pending] = _DELETED
-        self._cache.write(name, key, None, self._stored)
+        self._cache.write(name, key, None, self)
 
     def settle(self, head: tuple[int, str] | None = None) -> None:
         """The buffered changes are written (`write_pending`, perhaps pipelined) and known to

@@ -149,7 +149,7 @@ def test_a_fresh_process_sees_what_was_appended_while_its_warm_up_read_the_nodes
     """Committed just after the warm-up read the node table: the head it begins the cache at
     must be the one read before the rows (on PostgreSQL the next statement sees the commit)."""
     horse, mine, theirs = _horse_racing(store)
-    stored = SqlProjections._stored
+    stored = SqlProjections.stored_rows
     fired: list[bool] = []
 
     def then_another_commit(projections: SqlProjections, name: str) -> dict[str, str]:
@@ -159,7 +159,7 @@ def test_a_fresh_process_sees_what_was_appended_while_its_warm_up_read_the_nodes
             decide(store, theirs)
         return rows
 
-    monkeypatch.setattr(SqlProjections, "_stored", then_another_commit)
+    monkeypatch.setattr(SqlProjections, "stored_rows", then_another_commit)
     try:
         decide(horse, mine)
         assert fired

@@ -224,7 +224,7 @@ def test_a_view_whose_first_build_fails_leaves_the_cache_usable(
         store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
     run(store, register_node("n1", gpus=2), register_node("n2", gpus=2))
     fresh = open_store(store.engine.url.render_as_string(hide_password=False))  # nothing cached
-    stored = SqlProjections._stored
+    stored = SqlProjections.stored_rows
     calls = Counter[str]()
 
     def fails_once(self: SqlProjections, name: str) -> dict[str, str]:
@@ -233,7 +233,7 @@ def test_a_view_whose_first_build_fails_leaves_the_cache_usable(
             raise RuntimeError("the read of every row failed")
         return stored(self, name)
 
-    monkeypatch.setattr(SqlProjections, "_stored", fails_once)
+    monkeypatch.setattr(SqlProjections, "stored_rows", fails_once)
     try:
         with pytest.raises(RuntimeError, match="every row"), fresh.transaction() as tx:
             gpu_index(tx.projections, 0.9)

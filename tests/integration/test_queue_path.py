@@ -155,13 +155,13 @@ def test_checking_a_submission_reads_its_rows_in_one_query_per_projection_not_pe
     lock: a round trip per command on PostgreSQL."""
     run(store, register_node("n1"), register_model())
     loads: list[tuple[str, str]] = []
-    load = SqlProjections._load
+    load = SqlProjections.load_row
 
     def counted(self: SqlProjections, name: str, key: str) -> object:
         loads.append((name, key))
         return load(self, name, key)
 
-    monkeypatch.setattr(SqlProjections, "_load", counted)
+    monkeypatch.setattr(SqlProjections, "load_row", counted)
     assert len(accept(store, [command_adapter.validate_python(place_replica(f"r{i}"))
                               for i in range(50)])) == 50
     assert loads == []
