@@ -49,10 +49,13 @@ def _count(value: object) -> bool:
 
 
 def _validate_policy(policy: AdmissionPolicy) -> None:
+    # Every decision validates its policy and request: a message is formatted only for the
+    # check that fails.
     for name in ("max_live_tokens", "max_tokens_per_request", "max_settled_records"):
         value = getattr(policy, name)
-        require(_count(value) and value > 0, "admission_capacity_invalid", name,
-                f"{name} must be a positive integer")
+        if not (_count(value) and value > 0):
+            raise PolicyInputError("admission_capacity_invalid", name,
+                                   f"{name} must be a positive integer")
     require(_count(policy.max_queued_requests) and policy.max_queued_requests >= 0,
             "admission_capacity_invalid", "max_queued_requests",
             "max_queued_requests must be a non-negative integer")
@@ -81,7 +84,8 @@ def _over_a_bound(request: AdmissionRequest, tokens: int, policy: AdmissionPolic
 
 
 def _validate_time(now: float, field: str = "now") -> None:
-    require(math.isfinite(now), "time_not_finite", field, f"{field} must be a finite time")
+    if not math.isfinite(now):
+        raise PolicyInputError("time_not_finite", field, f"{field} must be a finite time")
 
 
 def _validate_request(request: AdmissionRequest, estimated_queue_seconds: float) -> None:
@@ -89,8 +93,9 @@ def _validate_request(request: AdmissionRequest, estimated_queue_seconds: float)
             "request identifier is required")
     for name in ("prompt_tokens", "max_output_tokens"):
         value = getattr(request, name)
-        require(_count(value) and value >= 0, "token_count_negative", name,
-                f"{name} must be a non-negative integer")
+        if not (_count(value) and value >= 0):
+            raise PolicyInputError("token_count_negative", name,
+                                   f"{name} must be a non-negative integer")
     require(request.maximum_live_tokens > 0, "request_reserves_nothing", "max_output_tokens",
             "a request must reserve at least one live token")
     _validate_time(request.deadline_at_seconds, "deadline_at_seconds")
@@ -207,8 +212,9 @@ def _applied(state: PoolState, decision: AdmissionDecision, now: float, policy: 
         new = AdmissionRecord(request, decision, now)
     else:
         was, becomes = record.decision.action, decision.action
-        require(becomes in _TRANSITIONS.get(was, ()), "decision_does_not_apply", "decision",
-                f"a {becomes.value} decision cannot follow {was.value}")
+        if becomes not in _TRANSITIONS.get(was, ()):
+            raise PolicyInputError("decision_does_not_apply", "decision",
+                                   f"a {becomes.value} decision cannot follow {was.value}")
         if was is AdmissionAction.QUEUE:
             queue = tuple(rid for rid in queue if rid != decision.request_id)
         live += decision.reserved_tokens - record.decision.reserved_tokens

@@ -451,3 +451,27 @@ def test_counters_stay_consistent_and_folding_the_decisions_rebuilds_the_state(
     for decision, at, original in events:
         folded = apply_decision(folded, decision, at, policy, original)
     assert folded == state
+
+
+def _refusal(refused: object) -> str:
+    with pytest.raises(PolicyInputError) as error:
+        refused()  # type: ignore[operator]
+    return error.value.message
+
+
+def test_a_refusal_keeps_the_message_its_rejection_records() -> None:
+    """A rejection records the message in the log: formatting it only when its check fails
+    must not change a character of it."""
+    pool = AdmissionController(POLICY)
+    pool.decide(request("a", 1, 1), now=0, estimated_queue_seconds=0)
+    pool.release("a", now=1)
+    assert _refusal(lambda: admit(PoolState(), request("x", -1, 5), 0, 0, POLICY)) \
+        == "prompt_tokens must be a non-negative integer"
+    assert _refusal(lambda: admit(PoolState(), request("x", 1, 1, math.nan), 0, 0, POLICY)) \
+        == "deadline_at_seconds must be a finite time"
+    assert _refusal(lambda: admit(PoolState(), request("x", 1, 1), math.inf, 0, POLICY)) \
+        == "now must be a finite time"
+    assert _refusal(lambda: AdmissionController(AdmissionPolicy(0, 1, 80))) \
+        == "max_live_tokens must be a positive integer"
+    assert _refusal(lambda: apply_decision(pool.state, AdmissionDecision("a", ADMIT, 2, ()), 2,
+                                           POLICY)) == "a admit decision cannot follow release"
