@@ -28,7 +28,7 @@ def derived_event_id(command_id: str, slot: str) -> str:
             f"-{text[20:32]}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class NewEvent:
     """An event to append; the store assigns its position, stream version and hashes."""
 
@@ -42,6 +42,22 @@ class NewEvent:
     correlation_id: str | None = None
     actor: str = "system"
     tenant: str = "default"
+
+    # Written out, not generated: a frozen dataclass's own __init__ sets each field through
+    # `object.__setattr__`, and a decision builds two or three events (tests/unit/
+    # test_event_model.py checks this one sets exactly the fields, with their defaults).
+    def __init__(self, event_id: str, event_type: str, data: dict[str, Any], occurred_at: str,
+                 schema_version: int = 1, command_id: str | None = None,
+                 causation_id: str | None = None, correlation_id: str | None = None,
+                 actor: str = "system", tenant: str = "default") -> None:
+        _set_attribute(self, "__dict__", {
+            "event_id": event_id, "event_type": event_type, "data": data,
+            "occurred_at": occurred_at, "schema_version": schema_version,
+            "command_id": command_id, "causation_id": causation_id,
+            "correlation_id": correlation_id, "actor": actor, "tenant": tenant})
+
+
+_set_attribute = object.__setattr__  # sets a frozen instance's whole __dict__ at once
 
 
 @dataclass(frozen=True)
