@@ -60,7 +60,7 @@ class OutsideReads:
         return cls(recorded) if isinstance(recorded, dict) else cls({}, keep=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class DecisionContext:
     """Everything a handler may read: state as of `read_position`, the policies in force, and
     what `read_outside` returns.
@@ -84,6 +84,17 @@ class DecisionContext:
     recorded_at: str | None = None
     # What the decision read from outside the log: see `read_outside`.
     outside: OutsideReads = field(default_factory=OutsideReads)
+
+    # Written out, not generated (one context per decision), as `events.model.NewEvent`'s is;
+    # `outside` left out is a fresh `OutsideReads`, as its default factory makes.
+    def __init__(self, state: StateView, read_position: int, stream_version: Callable[[str], int],
+                 policies: PolicyBook, accepted_event_id: str | None, rules_version: int = 1,
+                 recorded_at: str | None = None, outside: OutsideReads | None = None) -> None:
+        object.__setattr__(self, "__dict__", {
+            "state": state, "read_position": read_position, "stream_version": stream_version,
+            "policies": policies, "accepted_event_id": accepted_event_id,
+            "rules_version": rules_version, "recorded_at": recorded_at,
+            "outside": OutsideReads() if outside is None else outside})
 
     def read_outside(self, key: str, read: Callable[[], Any]) -> Any:
         """`read()`, an input from outside the log (a catalog file), recorded under `key` in

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from controlplane.decisions import DecisionContext, decision_data
+from controlplane.decisions import DecisionContext, OutsideReads, decision_data
 from controlplane.policies.admission import AdmissionAction
 from controlplane.policies.reasons import Reason, to_plain
 from controlplane.policy_book import PolicyBook, PolicyInForce
@@ -77,3 +79,29 @@ def test_a_dataclass_field_holding_a_non_finite_number_is_refused() -> None:
     assert to_plain(Measured("ok", 1.5)) == {"name": "ok", "value": 1.5}
     with pytest.raises(ValueError, match="non-finite"):
         to_plain(Measured("bad", math.inf))
+
+
+def test_a_decision_context_takes_its_fields_in_order_with_their_defaults() -> None:
+    """Its __init__ is written out (one context per decision): it must stay the dataclass's."""
+    fields = dataclasses.fields(DecisionContext)
+    parameters = list(inspect.signature(DecisionContext).parameters.values())
+    assert [p.name for p in parameters] == [f.name for f in fields]
+    for parameter, field in zip(parameters, fields, strict=True):
+        if field.default_factory is not dataclasses.MISSING:  # made afresh: see below
+            assert parameter.default is not inspect.Parameter.empty
+        else:
+            assert parameter.default == (inspect.Parameter.empty
+                                         if field.default is dataclasses.MISSING else field.default)
+    values = {f.name: f"value of {f.name}" for f in fields}
+    assert vars(DecisionContext(**values)) == values == vars(DecisionContext(*values.values()))
+
+
+def test_each_decision_context_reads_outside_the_log_into_its_own_record() -> None:
+    first = DecisionContext(None, 1, len, PolicyBook(), None)  # type: ignore[arg-type]
+    second = DecisionContext(None, 1, len, PolicyBook(), None)  # type: ignore[arg-type]
+    assert first.outside == OutsideReads() and first.outside is not second.outside
+    assert (first.rules_version, first.recorded_at) == (1, None)
+    again = dataclasses.replace(first, rules_version=2)
+    assert again.outside is first.outside and again.rules_version == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.rules_version = 3  # type: ignore[misc]
