@@ -195,11 +195,20 @@ def _waits_for(item: Prepared, decision: list[StreamAppend],
     admission then held its live tokens forever. Such a command is decided after its creators
     instead (`service.decide` enqueues them together, creators first).
     """
-    references = item.command.references()
-    if not references or not any(e.event_type == REJECTED for a in decision for e in a.events):
+    # The rejection first: most decisions are not one, and every command references something.
+    if not _rejects(decision):
         return ()
-    waiting = {creators.before(key, item.accepted.position) for _, key in references}
+    waiting = {creators.before(key, item.accepted.position) for _, key in item.command.references()}
     return tuple(sorted(c for c in waiting if c is not None))
+
+
+def _rejects(decision: list[StreamAppend]) -> bool:
+    """Whether any event of the decision is a rejection (a loop: no generator per decision)."""
+    for append in decision:
+        for event in append.events:
+            if event.event_type == REJECTED:
+                return True
+    return False
 
 
 def _streams_hinted(command: CommandBase) -> list[str]:
