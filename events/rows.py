@@ -92,6 +92,14 @@ def with_data(row: RowMapping | dict[str, Any], data: dict[str, Any]) -> Recorde
     return _event(fields)
 
 
+def as_recorded(row: dict[str, Any], data: dict[str, Any]) -> RecordedEvent:
+    """The event `row_for` made `row` for, taking `row` over (its caller keeps only the values
+    it stores, `row_values`): its data becomes `data`, as the writer decoded it. One dict copy
+    less per appended event than `with_data`."""
+    row["data"] = data
+    return _event(row)
+
+
 def events_by_command(connection: Connection, command_ids: Sequence[str],
                       excluded_type: str | None = None) -> dict[str, list[RecordedEvent]]:
     """Each command's events in position order, without those of `excluded_type` if given."""

@@ -25,12 +25,11 @@ from events.rows import (
     COLUMNS,
     EVENT_COLUMNS_SQL,
     INSERT_EVENTS,
+    as_recorded,
     events_by_command,
     from_row,
     row_for,
     row_values,
-    to_recorded,
-    with_data,
 )
 
 # The append path's statements, run on the driver (`events.driver`).
@@ -39,6 +38,7 @@ _EVENTS_BY_ID = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE event_id IN ({{in
 _EVENT_IDS = "SELECT event_id FROM events WHERE event_id IN ({in})"
 _LAST_CHECKPOINT = "SELECT max(position) FROM events WHERE stream_id = ?"
 _HASHES_AFTER = "SELECT hash FROM events WHERE position > ? ORDER BY position"
+_EVENT_ID, _HASH = COLUMNS.index("event_id"), COLUMNS.index("hash")
 _MAX_VERSIONS = ("SELECT stream_id, max(stream_version) FROM events WHERE stream_id IN ({in})"
                  " GROUP BY stream_id")
 
@@ -80,7 +80,8 @@ class LogTransaction:
                                           shared=holds_lock)
         self.known_versions: Mapping[str, int] = known_versions or {}
         self.versions: dict[str, int] = {}  # read under the lock, or appended, by this transaction
-        self._buffer: list[dict[str, Any]] = []
+        # Appended rows not yet written, each as its values in column order (`row_values`).
+        self._buffer: list[tuple[Any, ...]] = []
         self._stored_head = (head_position, head_hash)  # the head the table holds
         # The last checkpoint's position and the hashes appended since, when known (a store
         # remembers them from its own last commit); else read from the log when one is due.
@@ -150,16 +151,14 @@ class LogTransaction:
         Not inside `driver.pipeline`: the store calls it just before the pipeline of its writes.
         """
         if len(self._buffer) >= driver.COPY_MIN_ROWS and driver.can_copy(self.connection):
-            driver.copy_rows(self.connection, "events", COLUMNS,
-                             [row_values(row) for row in self._buffer])
+            driver.copy_rows(self.connection, "events", COLUMNS, self._buffer)
             self._buffer = []
         self.projections.copy_pending()
 
     def flush(self) -> None:
         """Write the buffered rows and the new head; the transaction calls it before commit."""
         if self._buffer:
-            driver.execute_many(self.connection, INSERT_EVENTS,
-                                [row_values(row) for row in self._buffer])
+            driver.execute_many(self.connection, INSERT_EVENTS, self._buffer)
             self._buffer = []
         if self._stored_head != (self.head_position, self.head_hash):
             driver.execute(self.connection, UPDATE_HEAD, self.head_position, self.head_hash)
@@ -186,8 +185,8 @@ class LogTransaction:
             existing = self._existing(appends)
             if existing is not None:
                 return existing
-        rows: list[dict[str, Any]] = []
-        decoded: list[Any] = []
+        rows: list[tuple[Any, ...]] = []  # what is stored, in column order
+        recorded: list[RecordedEvent] = []
         recorded_at = recorded_at or wall_clock()
         position, prev_hash = self.head_position, self.head_hash
         versions: dict[str, int] = {}  # kept only if the whole call succeeds
@@ -203,26 +202,25 @@ class LogTransaction:
                 row, data = row_for(new, batch.stream_id, version, position, recorded_at,
                                     prev_hash)
                 prev_hash = row["hash"]
-                rows.append(row)
-                decoded.append(data)
+                rows.append(row_values(row))
+                recorded.append(as_recorded(row, data))
             versions[batch.stream_id] = version
         if not rows:
             return []
-        recorded = [with_data(row, data) for row, data in zip(rows, decoded, strict=True)]
-        checkpoint = self._checkpoint_row(rows, recorded_at, versions) \
+        checkpoint = self._checkpoint_row(recorded, recorded_at, versions) \
             if self.checkpoint_every else None
         self.versions.update(versions)
         self._buffer.extend(rows)
         self.appended.extend(recorded)
         if checkpoint is not None:
             row, data = checkpoint
-            self._buffer.append(row)
-            self.appended.append(with_data(row, data))
+            self._buffer.append(row_values(row))
             position, prev_hash = row["position"], row["hash"]
+            self.appended.append(as_recorded(row, data))
         self.head_position, self.head_hash = position, prev_hash
         return recorded
 
-    def _checkpoint_row(self, rows: list[dict[str, Any]], recorded_at: str,
+    def _checkpoint_row(self, rows: list[RecordedEvent], recorded_at: str,
                         versions: dict[str, int]) -> tuple[dict[str, Any], Any] | None:
         """A checkpoint after this batch when it crosses a multiple of `checkpoint_every`.
 
@@ -230,30 +228,30 @@ class LogTransaction:
         checkpoint, and is chained like any event, so forging one breaks the chain. Its stream
         version goes in `versions`, the calling append's own, kept only if the call succeeds.
         """
-        first, last = rows[0]["position"], rows[-1]["position"]
+        first, last = rows[0].position, rows[-1].position
         every = self.checkpoint_every
         if last // every == (first - 1) // every:
             if self.since_checkpoint is not None:
-                self.since_checkpoint[1].extend(row["hash"] for row in rows)
+                self.since_checkpoint[1].extend(row.hash for row in rows)
             return None
         if self.since_checkpoint is None:
             # The stored hashes since the last checkpoint, then this transaction's buffered ones.
             ((since,),) = driver.fetch(self.connection, _LAST_CHECKPOINT, CHECKPOINT_STREAM)
             since = since or 0
             earlier = [hash_ for (hash_,) in driver.fetch(self.connection, _HASHES_AFTER, since)]
-            earlier += [row["hash"] for row in self._buffer]
+            earlier += [row[_HASH] for row in self._buffer]
         else:
             since, earlier = self.since_checkpoint
-        leaves = [*earlier, *(row["hash"] for row in rows)]
+        leaves = [*earlier, *(row.hash for row in rows)]
         data = {"log_size": last, "from_position": since + 1, "to_position": last,
                 "merkle_root": merkle_root(leaves)}
         version = versions.get(CHECKPOINT_STREAM) or self.stream_version(CHECKPOINT_STREAM)
         version = versions[CHECKPOINT_STREAM] = version + 1
         new = NewEvent(event_id=derived_event_id("checkpoint", str(last)),
-                       event_type=CHECKPOINT_EVENT, data=data, occurred_at=rows[-1]["occurred_at"],
+                       event_type=CHECKPOINT_EVENT, data=data, occurred_at=rows[-1].occurred_at,
                        actor="log", tenant="system")
         row, decoded = row_for(new, CHECKPOINT_STREAM, version, last + 1, recorded_at,
-                               rows[-1]["hash"])
+                               rows[-1].hash)
         self.since_checkpoint = (last + 1, [])
         return row, decoded
 
@@ -264,10 +262,10 @@ class LogTransaction:
         if not ids:
             return None
         found: dict[str, RecordedEvent] = {}
-        buffered = {row["event_id"]: row for row in self._buffer}
+        buffered = {row[_EVENT_ID]: row for row in self._buffer}
         for event_id in ids:
             if event_id in buffered:
-                found[event_id] = to_recorded(buffered[event_id])
+                found[event_id] = from_row(buffered[event_id])
         for chunk in in_lists(ids):
             for row in driver.fetch(self.connection, _EVENTS_BY_ID, in_values=chunk):
                 stored = from_row(row)

@@ -51,6 +51,19 @@ def test_reappending_the_same_events_returns_the_original_positions_and_writes_n
     assert count_events(store) == 2
 
 
+def test_reappending_events_still_buffered_in_the_transaction_returns_them_and_writes_nothing(
+        store: EventStore) -> None:
+    batch = [StreamAppend("replica/r1", 0, [event("x"), event("y")])]
+    with store.transaction() as tx:
+        first = tx.append(batch)
+        again = tx.append(batch)
+    assert again == first
+    assert [(e.position, e.stream_version, e.data) for e in again] == [
+        (1, 1, first[0].data), (2, 2, first[1].data)]
+    assert [e.as_dict() for e in store.read_stream("replica/r1")] == [e.as_dict() for e in first]
+    assert count_events(store) == 2
+
+
 def test_the_same_event_id_at_another_version_is_an_error(store: EventStore) -> None:
     store.append([StreamAppend("pool/p", 0, [event("x")])])
     store.append([StreamAppend("pool/p", 1, [event("y")])])
