@@ -16,7 +16,7 @@ from controlplane.handlers import EFFECTS, PRECHECKS, RESUMABLE, UNFINISHED
 from controlplane.handlers.base import RefuseExisting
 from controlplane.policy_book import PolicyBook
 from controlplane.state.fold import ENTITY, PENDING, apply_event, pending_creators
-from events.model import NewEvent, StreamAppend, derived_event_id
+from events.model import NewEvent, RecordedEvent, StreamAppend, derived_event_id
 from events.projections import SqlProjections
 from events.store import EventStore
 from events.transaction import LogTransaction
@@ -196,13 +196,20 @@ def _prepare(store: EventStore, connection: Connection,
     """
     done, prepared = [], []
     for command_id, recorded in store.events_for_commands(command_ids, connection).items():
-        accepted = next((e for e in recorded if e.event_type == ACCEPTED), None)
-        decided = tuple(e for e in recorded if e.event_type != ACCEPTED)
+        # Split in one pass (most commands have only their acceptance): the first acceptance,
+        # and every other event in order.
+        accepted: RecordedEvent | None = None
+        decided: list[RecordedEvent] = []
+        for event in recorded:
+            if event.event_type != ACCEPTED:
+                decided.append(event)
+            elif accepted is None:
+                accepted = event
         if accepted is None:
             log.warning("unknown_command_skipped", command_id=command_id)
         elif decided:
             log.debug("command_already_decided", command_id=command_id)
-            done.append(Outcome(command_id, False, decided))
+            done.append(Outcome(command_id, False, tuple(decided)))
         else:
             prepared.append(Prepared(command_id, accepted,
                                      parse_command(accepted.data["command"])))
