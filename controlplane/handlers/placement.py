@@ -105,7 +105,7 @@ def handle_place_replica(command: CommandBase, ctx: DecisionContext) -> list[Str
                # the GPU it was judged on is in the layout reason's facts).
                "memory": _memory_record(on_chosen)}
     data = decision_data(outcome="placed", reasons=[width.layout, *decision.reasons], result=replica,
-                         policy=policy, inputs=inputs, ctx=ctx, causes=_causes(command))
+                         policy=policy, inputs=inputs, ctx=ctx)
     placed = new_event(command, ctx, "decision", REPLICA_PLACED, data)
     appends = [append_to(stream, ctx, placed)]
     for node_id, gpu_ids in sorted(by_node.items()):
@@ -122,7 +122,7 @@ def _refused(command: PlaceReplica, ctx: DecisionContext, policy: PolicyInForce,
     data = decision_data(outcome="refused", reasons=reasons,
                          result={"replica_id": command.replica_id, "pool_id": command.pool_id,
                                  "tensor_parallel": tensor_parallel, "memory": memory},
-                         policy=policy, inputs=inputs, ctx=ctx, causes=_causes(command))
+                         policy=policy, inputs=inputs, ctx=ctx)
     return [append_to(f"replica/{command.replica_id}", ctx,
                       new_event(command, ctx, "decision", PLACEMENT_REFUSED, data))]
 
@@ -132,11 +132,6 @@ def _memory_record(assessment: MemoryAssessment) -> dict[str, Any]:
     record: dict[str, Any] = to_plain(assessment)
     del record["reasons"]
     return record
-
-
-def _causes(command: CommandBase) -> list[str]:
-    cause = getattr(command, "caused_by", None)
-    return [cause] if cause else []
 
 
 def _gpu_change(ctx: DecisionContext, node_id: str, gpu_ids: list[str], replica_id: str,
