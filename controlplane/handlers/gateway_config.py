@@ -140,29 +140,24 @@ def handle_register_principal(command: CommandBase, ctx: DecisionContext) -> lis
                    "principal registered; it stays revoked until RestorePrincipal")
 
 
-def _set_status(command: RevokePrincipal | RestorePrincipal | RevokeSource | RestoreSource,
-                ctx: DecisionContext, kind: str, key_field: str, active: bool,
-                event_type: str, code: str) -> list[StreamAppend]:
-    """Revoke or restore a principal or a source of the command's own tenant."""
-    key = getattr(command, key_field)
-    existing = _owned(ctx.state, kind, key)
-    if existing is None or existing["tenant_id"] != command.tenant:
-        return _refuse(command, ctx, f"{kind}_tenant_mismatch", key_field,
-                       f"no such {kind} in this tenant", f"{kind}/{key}")
-    return _record(command, ctx, kind, key, event_type, {**existing, "active": active}, code,
-                   code.replace("_", " "))
+def _status_handler(command_type: type[RevokePrincipal | RestorePrincipal | RevokeSource
+                                       | RestoreSource], kind: str, key_field: str,
+                    active: bool, event_type: str) -> Handler:
+    """The handler that revokes (`active` False) or restores a principal or a source of the
+    command's own tenant, recording `<kind>_revoked` or `<kind>_restored`."""
+    code = f"{kind}_{'restored' if active else 'revoked'}"
 
+    def handle(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
+        assert isinstance(command, command_type)
+        key = getattr(command, key_field)
+        existing = _owned(ctx.state, kind, key)
+        if existing is None or existing["tenant_id"] != command.tenant:
+            return _refuse(command, ctx, f"{kind}_tenant_mismatch", key_field,
+                           f"no such {kind} in this tenant", f"{kind}/{key}")
+        return _record(command, ctx, kind, key, event_type, {**existing, "active": active},
+                       code, code.replace("_", " "))
 
-def handle_revoke_principal(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
-    assert isinstance(command, RevokePrincipal)
-    return _set_status(command, ctx, "principal", "principal_id", False, gw.PRINCIPAL_REVOKED,
-                       "principal_revoked")
-
-
-def handle_restore_principal(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
-    assert isinstance(command, RestorePrincipal)
-    return _set_status(command, ctx, "principal", "principal_id", True, gw.PRINCIPAL_RESTORED,
-                       "principal_restored")
+    return handle
 
 
 def handle_register_source(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
@@ -181,18 +176,6 @@ def handle_register_source(command: CommandBase, ctx: DecisionContext) -> list[S
               "readers": sorted(set(command.readers))}
     return _record(command, ctx, "source", command.source_ref, gw.SOURCE_REGISTERED, record,
                    "source_registered", "evidence source version registered")
-
-
-def handle_revoke_source(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
-    assert isinstance(command, RevokeSource)
-    return _set_status(command, ctx, "source", "source_ref", False, gw.SOURCE_REVOKED,
-                       "source_revoked")
-
-
-def handle_restore_source(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
-    assert isinstance(command, RestoreSource)
-    return _set_status(command, ctx, "source", "source_ref", True, gw.SOURCE_RESTORED,
-                       "source_restored")
 
 
 _PROFILE_RECORD = frozenset({"profile_id", "model_id", "digest", "approved",
@@ -320,11 +303,15 @@ HANDLERS: dict[str, Handler] = {
     "RegisterTenant": handle_register_tenant,
     "SetNetworkPolicy": handle_set_network_policy,
     "RegisterPrincipal": handle_register_principal,
-    "RevokePrincipal": handle_revoke_principal,
-    "RestorePrincipal": handle_restore_principal,
+    "RevokePrincipal": _status_handler(RevokePrincipal, "principal", "principal_id", False,
+                                       gw.PRINCIPAL_REVOKED),
+    "RestorePrincipal": _status_handler(RestorePrincipal, "principal", "principal_id", True,
+                                        gw.PRINCIPAL_RESTORED),
     "RegisterSource": handle_register_source,
-    "RevokeSource": handle_revoke_source,
-    "RestoreSource": handle_restore_source,
+    "RevokeSource": _status_handler(RevokeSource, "source", "source_ref", False,
+                                    gw.SOURCE_REVOKED),
+    "RestoreSource": _status_handler(RestoreSource, "source", "source_ref", True,
+                                     gw.SOURCE_RESTORED),
     "RegisterProfile": handle_register_profile,
     "ConfigureRoute": handle_configure_route,
     "CreateReleaseBundle": handle_create_release_bundle,
