@@ -139,7 +139,8 @@ def plan(ctx: click.Context, scenario_path: str, output: str, timeout_seconds: f
     text = json.dumps(report, indent=2) + "\n"
     try:
         Path(output).write_text(text, encoding="utf-8")
-    except OSError as error:
-        raise InputError(f"cannot write {output}: {error.strerror}") from None
+    except OSError as error:  # after the plan was decided: the machine's fault, not the input's
+        raise OperationalError(f"cannot write {output}: {error.strerror}; the plan is recorded "
+                               f"(plan {plan_id}): run plan again to write it") from None
     click.echo(text if as_json else _summary(report, events, output), nl=not as_json)
     ctx.exit(EXIT_READY if report["release_ready"] else EXIT_NOT_READY)

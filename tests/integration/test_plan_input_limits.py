@@ -158,3 +158,20 @@ def test_a_bad_inventory_is_refused_whatever_layout_the_plan_computes(
     assert "inventory" in result.stderr and code in result.stderr, result.stderr
     assert not output.exists()
     assert open_store(embedded).head()[0] == 0
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_a_plan_it_cannot_write_exits_3_and_the_next_run_writes_it(
+        embedded: str, tmp_path: Path) -> None:
+    """Decided and recorded, then its file could not be written (a full disk): that exited 2,
+    as if the input were bad. It is the machine's fault; running the plan again writes it."""
+    source = SCENARIOS / "default.json"
+    full = run_cli("plan", str(source), "--output", "/dev/full")
+    assert full.exit_code == 3, full.stderr
+    (line,) = [line for line in full.stderr.splitlines() if line.strip()]
+    assert line.startswith("error: cannot write /dev/full: No space left on device; the plan "
+                           "is recorded")
+    output = tmp_path / "fleet-plan.json"
+    again = run_cli("plan", str(source), "--output", str(output))
+    assert again.exit_code in (0, 1), again.stderr
+    assert json.loads(output.read_text("utf-8"))["release_ready"] in (True, False)
