@@ -17,7 +17,7 @@ from events.model import RecordedEvent, StatementFailed, StreamAppend
 from events.projection_cache import views_unbuilt
 from events.projections import SqlProjections, StateView
 from events.rows import COLUMNS, EVENT_COLUMNS_SQL, events_by_command, from_row, to_recorded
-from events.tables import HEAD, events_table
+from events.tables import events_table
 from events.transaction import LogTransaction, ReadAhead
 
 READ_CHUNK = 2_000
@@ -34,7 +34,9 @@ _READ_FIRST = f"SELECT {EVENT_COLUMNS_SQL} FROM events ORDER BY position LIMIT ?
 
 def _one_head(rows: Sequence[driver.Row]) -> tuple[int, str]:
     if len(rows) != 1:
-        raise NoResultFound("the log has no head row: run `fleetctl init` on it")
+        raise NoResultFound("the log has no head row (table log_head), which fleetctl never "
+                            "deletes: it was removed outside fleetctl; `fleetctl verify` checks "
+                            "the events")
     ((position, head_hash),) = rows
     return int(position), str(head_hash)
 
@@ -248,8 +250,7 @@ class EventStore:
         if connection is not None:
             return _one_head(driver.fetch(connection, _HEAD))
         with self.engine.connect() as conn:
-            row = conn.execute(HEAD).one()
-            return int(row.position), str(row.hash)
+            return _one_head(driver.fetch(conn, _HEAD))
 
     @contextmanager
     def snapshot(self) -> Iterator[Connection]:

@@ -137,3 +137,23 @@ def test_an_edited_row_whose_text_is_not_utf8_is_named_by_every_command_that_rea
     shown = run_cli("log", "--limit", "2", "--json")
     assert shown.exit_code == 0, shown.stderr
     store.engine.dispose()
+
+
+def test_a_deleted_head_row_is_named_by_every_command_that_needs_it(store: EventStore) -> None:
+    """`status` and `replay` printed only "NoResultFound: No row was found when one was
+    required"; `submit` told the user to run `fleetctl init`, which does not restore it."""
+    placed_fleet(store)
+    head = store.head()
+    with store.engine.begin() as conn:
+        conn.execute(text("DELETE FROM log_head"))
+    try:
+        for args in (("status",), ("replay",), ("status", "--at", "3")):
+            result = run_cli(*args)
+            assert result.exit_code == 3, (args, result.stderr)
+            assert "the log has no head row (table log_head)" in result.stderr
+            assert "removed outside fleetctl" in result.stderr
+            assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+    finally:  # the PostgreSQL database outlives this test: put the head back
+        with store.engine.begin() as conn:
+            conn.execute(text("INSERT INTO log_head (id, position, hash) VALUES (1, :p, :h)"),
+                         {"p": head[0], "h": head[1]})
