@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import gc
 import os
+import sqlite3
 from pathlib import Path
 
 from alembic.util.exc import CommandError as AlembicCommandError
+from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.errors import InputError, OperationalError
-from controlplane.settings import Settings
-from events.database import ensure_schema, make_engine
+from controlplane.settings import DEFAULT_DATABASE_URL, Settings, redacted_url
+from events.database import ensure_schema, holds_a_log, is_sqlite, make_engine
 from events.store import EventStore
 
 _stores: dict[tuple[int, str], EventStore] = {}
@@ -33,9 +35,11 @@ def collect_garbage_less_often() -> None:
 
 
 def open_store(database_url: str, migrate: bool = True,
-               url_source: str = "FLEET_DATABASE_URL") -> EventStore:
+               url_source: str = "FLEET_DATABASE_URL", existing: bool = False) -> EventStore:
     """An event store on `database_url`, schema brought up to date unless told otherwise; a bad
-    URL is an InputError naming `url_source` (the setting or option it came from)."""
+    URL is an InputError naming `url_source` (the setting or option it came from). With
+    `existing`, a database that holds no log (an empty file, another program's database) is
+    an InputError too, found without writing to it: only a command that writes creates a log."""
     try:
         engine = make_engine(database_url)
     except Exception as error:  # sqlalchemy raises ArgumentError, ValueError… for a bad URL
@@ -47,6 +51,8 @@ def open_store(database_url: str, migrate: bool = True,
             and not Path(file).parent.is_dir():
         engine.dispose()  # SQLite would say only "unable to open database file" (exit 3)
         raise InputError(f"{url_source}: the directory {Path(file).parent} does not exist")
+    if existing:
+        _holds_a_log(engine, database_url, url_source)
     if migrate:
         try:
             ensure_schema(engine)
@@ -63,7 +69,22 @@ def open_store(database_url: str, migrate: bool = True,
     return EventStore(engine)
 
 
-def store_for_process(settings: Settings | None = None) -> EventStore:
+def _holds_a_log(engine: Engine, database_url: str, url_source: str) -> None:
+    """InputError, the engine disposed, unless the database holds a log."""
+    where = engine.url.database if is_sqlite(engine) else redacted_url(database_url)
+    try:
+        present = holds_a_log(engine)
+    except sqlite3.DatabaseError as error:  # not a SQLite file at all
+        engine.dispose()
+        raise InputError(f"{where} is not a fleet log: {error}") from None
+    if not present:
+        engine.dispose()
+        raise InputError(f"{where} holds no fleet log (no events table): {url_source} "
+                         f"(default {DEFAULT_DATABASE_URL}) names the log; `fleetctl init` "
+                         "creates one")
+
+
+def store_for_process(settings: Settings | None = None, existing: bool = False) -> EventStore:
     """The store for this process; a forked child builds its own, never sharing sockets.
 
     A child forked from a process that already opened the same database (an RQ work horse of a
@@ -73,5 +94,5 @@ def store_for_process(settings: Settings | None = None) -> EventStore:
     key = (os.getpid(), settings.database_url)
     if key not in _stores:
         checked = any(url == settings.database_url for _, url in _stores)
-        _stores[key] = open_store(settings.database_url, migrate=not checked)
+        _stores[key] = open_store(settings.database_url, migrate=not checked, existing=existing)
     return _stores[key]

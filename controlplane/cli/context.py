@@ -4,20 +4,13 @@ option types that bound what a user may ask for."""
 from __future__ import annotations
 
 import math
-import sqlite3
 from typing import Any
 
 import click
 
 from controlplane.errors import InputError
-from controlplane.runtime import open_store, store_for_process
-from controlplane.settings import (
-    DEFAULT_DATABASE_URL,
-    MAX_JOB_TIMEOUT_SECONDS,
-    Settings,
-    redacted_url,
-)
-from events.database import holds_a_log
+from controlplane.runtime import store_for_process
+from controlplane.settings import DEFAULT_DATABASE_URL, MAX_JOB_TIMEOUT_SECONDS, Settings
 from events.store import EventStore
 
 
@@ -29,27 +22,14 @@ def settings_and_store() -> tuple[Settings, EventStore]:
 def existing_store() -> EventStore:
     """The store of a command that only reads the log (`status`, `log`, `explain`, `verify`,
     `replay`): a SQLite file that does not exist is refused (InputError) rather than created,
-    since a log that is not there is most often one looked for in the wrong directory."""
+    since a log that is not there is most often one looked for in the wrong directory; nor is
+    a log's schema written into a database that holds none (`open_store`'s `existing`)."""
     settings = Settings.from_env()
     path = settings.sqlite_path
     if path is not None and not path.exists():
         raise InputError(f"no log at {path}: FLEET_DATABASE_URL (default {DEFAULT_DATABASE_URL}) "
                          "names the log; run where it is or set the variable")
-    # Nor is a log's schema written into a database that holds none (an empty file, another
-    # program's database): only `init` and the commands that write create one.
-    probe = open_store(settings.database_url, migrate=False)
-    try:
-        present = holds_a_log(probe.engine)
-    except sqlite3.DatabaseError as error:  # not a SQLite file at all
-        raise InputError(f"{path} is not a fleet log: {error}") from None
-    finally:
-        probe.engine.dispose()
-    if not present:
-        where = path if path is not None else redacted_url(settings.database_url)
-        raise InputError(f"{where} holds no fleet log (no events table): FLEET_DATABASE_URL "
-                         f"(default {DEFAULT_DATABASE_URL}) names the log; `fleetctl init` "
-                         "creates one")
-    return store_for_process(settings)
+    return store_for_process(settings, existing=True)
 
 
 class FiniteFloatRange(click.FloatRange):

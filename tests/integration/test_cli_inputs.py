@@ -240,7 +240,7 @@ def test_simulate_shows_its_progress_on_a_terminal_and_nothing_otherwise(
 
 def test_an_error_message_of_several_lines_is_shown_on_one_line(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    def unreachable(_: object) -> None:
+    def unreachable(_: object, **__: object) -> None:
         raise OperationalError('cannot open the database: connection to server at "db", port '
                                "5432 failed: Connection refused\n\tIs the server running on "
                                "that host and accepting TCP/IP connections?\r\n")

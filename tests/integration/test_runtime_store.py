@@ -26,9 +26,10 @@ def test_a_forked_work_horse_gets_its_own_store_without_checking_the_schema_agai
     opened: list[bool] = []
     real_open = runtime.open_store
 
-    def recording_open(url: str, migrate: bool = True) -> runtime.EventStore:
+    def recording_open(url: str, migrate: bool = True,
+                       existing: bool = False) -> runtime.EventStore:
         opened.append(migrate)
-        return real_open(url, migrate)
+        return real_open(url, migrate, existing=existing)
 
     monkeypatch.setattr(runtime, "open_store", recording_open)
     monkeypatch.setattr(os, "getpid", lambda: -1)  # as in a child forked after the parent opened it
