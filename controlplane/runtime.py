@@ -13,7 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.errors import InputError, OperationalError
 from controlplane.settings import DEFAULT_DATABASE_URL, Settings, redacted_url
-from events.database import ensure_schema, holds_a_log, is_sqlite, make_engine
+from events.database import ensure_schema, holds_a_log, is_sqlite, make_engine, refused_setting
 from events.store import EventStore
 
 _stores: dict[tuple[int, str], EventStore] = {}
@@ -51,6 +51,11 @@ def open_store(database_url: str, migrate: bool = True,
             and not Path(file).parent.is_dir():
         engine.dispose()  # SQLite would say only "unable to open database file" (exit 3)
         raise InputError(f"{url_source}: the directory {Path(file).parent} does not exist")
+    if file and Path(file).is_dir():
+        engine.dispose()  # SQLite would say "disk I/O error" or "unable to open database file"
+        raise InputError(f"{url_source}: {file} is a directory, not a SQLite database file")
+    if (existing or migrate) and not is_sqlite(engine):
+        _connectable(engine, url_source)
     if existing:
         _holds_a_log(engine, database_url, url_source)
     if migrate:
@@ -67,6 +72,28 @@ def open_store(database_url: str, migrate: bool = True,
                 f"cannot open the database: {error.__class__.__name__}: {error.orig}"
                 if hasattr(error, "orig") else f"cannot open the database: {error}") from None
     return EventStore(engine)
+
+
+def _connectable(engine: Engine, url_source: str) -> None:
+    """Connect once (the connection stays pooled for what follows): InputError naming
+    `url_source` when the URL's connection settings are refused (a port past 65535, an unknown
+    option, `sslmode=bogus`), as bad input rather than a database failure; OperationalError
+    when the server cannot be reached."""
+    port = engine.url.port
+    if port is not None and not 0 < port <= 65535:
+        engine.dispose()
+        raise InputError(f"{url_source} has port {port}; a port is a number from 1 to 65535")
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as error:
+        engine.dispose()
+        refused = refused_setting(error)
+        if refused is not None:
+            raise InputError(f"{url_source}: the database driver refuses its settings: "
+                             f"{refused}") from None
+        raise OperationalError(f"cannot open the database: {error.__class__.__name__}: "
+                               f"{getattr(error, 'orig', error)}") from None
 
 
 def _holds_a_log(engine: Engine, database_url: str, url_source: str) -> None:

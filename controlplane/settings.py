@@ -74,7 +74,23 @@ def checked_redis_url(url: str, source: str = "FLEET_REDIS_URL") -> str:
         if not (index.isascii() and index.isdigit()) or int(index) > _MAX_REDIS_DB:
             raise InputError(f"{source} names database {index[:20]!r}; a Redis database is a "
                              f"whole number from 0 to {_MAX_REDIS_DB}")
+    _check_connection_options(url, source)
     return url
+
+
+def _check_connection_options(url: str, source: str) -> None:
+    """InputError when redis-py refuses an option of `url` (an unknown one, `ssl_cert_reqs=bogus`,
+    `protocol=9`), found by building a connection object, which connects only when used: before,
+    a submission was recorded in the inbox and the refusal reported as an unreachable Redis."""
+    from redis import Redis  # only when a Redis URL is set: the embedded default needs none
+    from redis.exceptions import RedisError
+
+    try:
+        pool = Redis.from_url(url).connection_pool
+        pool.connection_class(**pool.connection_kwargs)
+    except (TypeError, ValueError, RedisError) as error:  # its messages hold no password
+        raise InputError(f"{source} asks for a connection option Redis clients refuse: "
+                         f"{error}") from None
 
 
 def _query_pairs(query: str) -> list[tuple[str, str]]:

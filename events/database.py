@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import select
 import sqlite3
 import time
@@ -231,6 +232,20 @@ def schema_is_current(engine: Engine) -> bool:
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision() == head
+
+
+# What libpq and psycopg say, before any byte goes to the server, about connection settings they
+# refuse: an unknown option, a value out of its set or range (`sslmode=bogus`, port 99999).
+_REFUSED_SETTING = re.compile(r'(?:connection is bad: )?(invalid connection option "[^"]*"|'
+                              r'invalid \w+ value: .*|invalid port number: .*|'
+                              r'invalid integer value .*|bad value for \w+: .*)', re.DOTALL)
+
+
+def refused_setting(error: Exception) -> str | None:
+    """The driver's own words when `error` (from connecting) refuses the URL's connection
+    settings rather than reports a server it could not reach; None otherwise."""
+    found = _REFUSED_SETTING.fullmatch(str(getattr(error, "orig", error)).strip())
+    return None if found is None else found.group(1)
 
 
 def holds_a_log(engine: Engine) -> bool:

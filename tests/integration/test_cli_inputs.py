@@ -254,6 +254,36 @@ def test_an_error_message_of_several_lines_is_shown_on_one_line(
                              "that host and accepting TCP/IP connections?\n")
 
 
+@pytest.mark.parametrize(("query", "named"), [
+    ("?sslmode=bogus", "sslmode"), ("?target_session_attrs=zz", "target_session_attrs"),
+    ("?foo=1", '"foo"'), ("?connect_timeout=x", "connect_timeout")])
+@pytest.mark.parametrize("command", ["status", "init"])
+def test_a_postgresql_url_whose_settings_the_driver_refuses_is_bad_input(
+        query: str, named: str, command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: exit 3, "database failure", as if the server had failed. Port 1: were the
+    # settings not refused before connecting, this would be an unreachable server (exit 3).
+    monkeypatch.setenv("FLEET_DATABASE_URL",
+                       f"postgresql+psycopg://fleet:hunter2@127.0.0.1:1/fleet{query}")
+    result = run_cli(command)
+    assert_refused_in_one_line(result, "FLEET_DATABASE_URL", named)
+    assert "hunter2" not in result.stderr
+
+
+def test_a_postgresql_port_past_65535_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEET_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:99999/x")
+    assert_refused_in_one_line(run_cli("status"), "FLEET_DATABASE_URL", "port 99999")
+
+
+@pytest.mark.parametrize("command", ["status", "init", "submit"])
+def test_a_directory_named_as_the_sqlite_log_is_bad_input(
+        command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "logdir").mkdir()
+    monkeypatch.setenv("FLEET_DATABASE_URL", f"sqlite:///{tmp_path / 'logdir'}")
+    args = [command, str(commands_file(tmp_path, "a"))] if command == "submit" else [command]
+    assert_refused_in_one_line(run_cli(*args), "FLEET_DATABASE_URL", "is a directory")
+    assert list((tmp_path / "logdir").iterdir()) == []
+
+
 def test_an_unreachable_postgresql_is_one_line_without_its_password(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_DATABASE_URL", "postgresql+psycopg://fleet:hunter2@127.0.0.1:1/fleet")

@@ -66,7 +66,13 @@ def test_a_queue_name_of_letters_digits_dashes_and_underscores_is_served(
 @pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/abc", "redis://127.0.0.1:6379/-1",
                                  "redis://127.0.0.1:6379/0?db=x", "redis://127.0.0.1:port/0",
                                  "redis://127.0.0.1:70000/0", "http://127.0.0.1:6379/0",
-                                 "notaurl", "redis://127.0.0.1:6379/2147483648"])
+                                 "notaurl", "redis://127.0.0.1:6379/2147483648",
+                                 # options redis-py refuses only when it builds a connection:
+                                 # before, the inbox was written and Redis called unreachable
+                                 "rediss://127.0.0.1:6379/0?ssl_cert_reqs=bogus",
+                                 "redis://127.0.0.1:6379/0?foo=1",
+                                 "redis://127.0.0.1:6379/0?protocol=9",
+                                 "redis://127.0.0.1:6379/0?socket_timeout=abc"])
 def test_a_redis_url_redis_py_would_misread_is_refused_before_the_log_is_created(
         url: str, commands: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_REDIS_URL", url)
@@ -86,6 +92,12 @@ def test_every_redis_url_form_redis_py_reads_as_written_is_accepted(url: str, db
 def test_the_refusal_names_no_password() -> None:
     with pytest.raises(InputError) as refused:
         checked_redis_url("http://user:s3cret@h:1/0")
+    assert "s3cret" not in str(refused.value)
+
+
+def test_a_refused_connection_option_names_no_password() -> None:
+    with pytest.raises(InputError) as refused:
+        checked_redis_url("redis://user:s3cret@h:1/0?foo=s3cret")
     assert "s3cret" not in str(refused.value)
 
 
