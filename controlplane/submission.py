@@ -1,4 +1,5 @@
-"""Parse and validate a submission (JSON Lines or a JSON array): all of it, or none of it."""
+"""Parse and validate a submission (JSON Lines, a JSON array, or one command written over
+several lines): all of it, or none of it."""
 
 from __future__ import annotations
 
@@ -52,6 +53,25 @@ def _validate(item: Any, line: int, problems: list[FieldProblem]) -> CommandBase
         return None
 
 
+def _one_object_over_lines(text: str) -> tuple[int, Any] | None:
+    """A pretty-printed command (one JSON object over several lines) with the line it starts
+    on, or None when `text` is not that (JSON Lines, read line by line). Read line by line, it
+    had been a "not JSON" problem on every line, the command's own problems never shown."""
+    first, _, rest = text.lstrip("\n").partition("\n")
+    if not rest.strip() or len(text.encode("utf-8", errors="surrogatepass")) > MAX_COMMAND_BYTES:
+        return None
+    try:
+        loads_strict(first)
+        return None  # the first line is a whole JSON value: JSON Lines
+    except (ValueError, RecursionError):
+        pass
+    try:
+        value = loads_strict(text)
+    except (ValueError, RecursionError):
+        return None
+    return (len(text) - len(text.lstrip("\n")) + 1, value) if isinstance(value, dict) else None
+
+
 @dataclass(frozen=True)
 class Submission:
     """Validated commands and the line (or array item) each came from."""
@@ -87,6 +107,8 @@ def read_submission(text: str) -> Submission:
                                              f"larger than {MAX_COMMAND_BYTES} bytes"))
             else:
                 items.append((index + 1, item))
+    elif stripped.startswith("{") and (whole := _one_object_over_lines(text)) is not None:
+        items.append(whole)
     else:
         # Only "\n" ends a line: U+2028 and friends are legal inside JSON strings.
         for number, line in enumerate(text.split("\n"), 1):

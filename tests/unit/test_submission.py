@@ -41,6 +41,27 @@ def test_a_line_that_is_not_json_is_named() -> None:
     assert problems_of(lines(assess_memory("a"), "{not json")) == [(2, "(json)")]
 
 
+def test_one_command_written_over_several_lines_is_read_as_that_command() -> None:
+    command = assess_memory("a")
+    pretty = json.dumps(command, indent=2)
+    assert [c.payload() for c in parse_submission("\n" + pretty + "\n")] == \
+        [c.payload() for c in parse_submission(json.dumps(command))]
+
+
+def test_a_problem_in_a_command_written_over_several_lines_is_named_once() -> None:
+    # Read line by line, every line had been "not JSON" and the real problem never shown.
+    bad = assess_memory("a")
+    bad["deployment"]["target_concurrency"] = "eight"
+    assert problems_of("\n\n" + json.dumps(bad, indent=2)) == [
+        (3, "deployment.target_concurrency")]
+
+
+def test_lines_that_are_not_one_json_object_are_still_read_as_json_lines() -> None:
+    # Two objects, the first over two lines: not one command, so each line is judged alone.
+    text = '{"type":\n"AssessMemory"}\n' + json.dumps(assess_memory("b"))
+    assert problems_of(text) == [(1, "(json)"), (2, "(json)")]
+
+
 def test_unknown_fields_are_refused() -> None:
     bad = assess_memory("a")
     bad["model"]["experts"] = 8
