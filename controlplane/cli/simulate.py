@@ -44,6 +44,10 @@ def _log_url(log: str, overwrite: bool) -> str:
         if in_memory_sqlite(log):
             raise InputError(f"--log {log} names a SQLite database in memory, which keeps "
                              "nothing once the simulation ends: name a file")
+        if overwrite and _sqlite_file(log) is None:
+            raise InputError(f"--overwrite replaces a SQLite --log file; a database named by "
+                             f"URL ({redacted_url(log)}) is never emptied by fleetctl: name an "
+                             "empty one")
         _check_sqlite_file(log)
         return log
     if log.endswith(("/", os.sep)):
@@ -57,9 +61,11 @@ def _log_url(log: str, overwrite: bool) -> str:
 
 
 def _remove_old_log(log: str) -> None:
-    """What --overwrite replaces: the old --log file and its SQLite journals."""
-    if "://" not in log:
-        for stale in (Path(log), Path(f"{log}-wal"), Path(f"{log}-shm")):
+    """What --overwrite replaces: the old --log file (named or by SQLite URL) and its SQLite
+    journals."""
+    file = _sqlite_file(log) if "://" in log else Path(log)
+    if file is not None:
+        for stale in (file, Path(f"{file}-wal"), Path(f"{file}-shm")):
             stale.unlink(missing_ok=True)
 
 
@@ -90,17 +96,25 @@ def _empty_log(url: str, log: str) -> EventStore:
     return store
 
 
-def _check_sqlite_file(url: str) -> None:
-    """A SQLite URL's file must be creatable, as a --log path must (SQLite would fail later,
-    as an operational error naming nothing); other URLs are checked when opened."""
+def _sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names; None for any other URL (or one `open_store` refuses)."""
     try:
         parsed = make_url(url)
     except ArgumentError:
-        return  # `open_store` refuses it, naming --log
+        return None  # `open_store` refuses it, naming --log
     database = parsed.database
     if parsed.get_backend_name() == "sqlite" and database and database != ":memory:" \
             and not database.startswith("file:"):
-        check_writable(Path(database), "--log")
+        return Path(database)
+    return None
+
+
+def _check_sqlite_file(url: str) -> None:
+    """A SQLite URL's file must be creatable, as a --log path must (SQLite would fail later,
+    as an operational error naming nothing); other URLs are checked when opened."""
+    file = _sqlite_file(url)
+    if file is not None:
+        check_writable(file, "--log")
 
 
 @click.command("simulate")

@@ -89,7 +89,8 @@ def read_trace(path: Path | str, limit: int | None = None) -> Trace:
     if limit is not None and limit <= 0:
         raise TraceError(path, None, "the request limit must be positive")
     if not path.is_file():
-        raise TraceError(path, None, "no such trace file")
+        raise TraceError(path, None, "not a regular file (a directory, a device); give a trace "
+                         "file" if path.exists() else "no such trace file")
     kind = _kind_of(path)
     rows = _azure_rows(path) if kind == "azure" else _mooncake_rows(path)
     requests: list[TraceRequest] = []

@@ -4,6 +4,7 @@ exits 2 with one line naming the option, and leaves no log file (nor an old one 
 from __future__ import annotations
 
 import sqlite3
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,33 @@ def test_a_database_url_that_already_holds_a_run_is_refused_and_an_empty_one_is_
     assert _simulate(url)[0] == 0
     exit_code, stderr = _simulate(url)
     assert exit_code == 2 and "already holds events" in stderr, stderr
+
+
+def test_overwrite_replaces_a_log_named_by_sqlite_url(tmp_path: Path) -> None:
+    # Before, --overwrite was ignored for a URL: the second run was refused as a log that
+    # already holds events.
+    url = f"sqlite:///{tmp_path / 'sim.db'}"
+
+    def events() -> int:
+        with closing(sqlite3.connect(tmp_path / "sim.db")) as connection:
+            return int(connection.execute("SELECT count(*) FROM events").fetchone()[0])
+
+    assert _simulate(url)[0] == 0
+    first = events()
+    exit_code, stderr = _simulate(url, "--overwrite")
+    assert exit_code == 0, stderr
+    assert events() == first > 0  # the same run again, in a log of its own
+
+
+def test_overwrite_never_empties_a_database_named_by_postgresql_url(tmp_path: Path) -> None:
+    exit_code, stderr = _simulate("postgresql+psycopg://fleet:hunter2@127.0.0.1:1/fleet",
+                                  "--overwrite")
+    assert exit_code == 2 and "--overwrite" in stderr and "never emptied" in stderr, stderr
+    assert "hunter2" not in stderr
+
+
+def test_a_trace_that_is_not_a_regular_file_is_named_as_such(tmp_path: Path) -> None:
+    outcome = run_cli("simulate", "/dev/null", *SMALL, "--log", str(tmp_path / "s.db"))
+    assert outcome.exit_code == 2
+    assert "not a regular file" in outcome.stderr and "no such" not in outcome.stderr
+    assert _no_log(tmp_path / "s.db")
