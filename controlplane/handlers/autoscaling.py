@@ -155,7 +155,8 @@ def _state(pool: dict[str, Any], row: dict[str, Any]) -> ScaleState:
     ready, warming = len(pool["ready"]), len(pool["warming"])
     return ScaleState(desired_replicas=ready + warming + len(row["pending_placements"]),
                       ready_replicas=ready, warming_replicas=warming,
-                      last_scale_at_seconds=row["last_scale_at_seconds"] or 0.0)
+                      last_scale_at_seconds=row["last_scale_at_seconds"] or 0.0,
+                      unfinished_scale_down_to=row.get("unfinished_scale_down_to"))
 
 
 def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[StreamAppend]:
@@ -195,6 +196,7 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
     victims: list[str] = []
     admitted: dict[str, Any] | None = None
     held: Reason | None = None
+    unfinished: int | None = None
     if decision.action is ScaleAction.SCALE_DOWN:
         candidates, awaiting = scale_down_candidates(
             pool, row, state.desired_replicas - decision.target_replicas)
@@ -204,6 +206,8 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
         reasons += [dataclasses.replace(
             r, facts={**r.facts, "policy_target_replicas": decision.target_replicas})
             for r in (awaiting, held) if r is not None]
+        if state.desired_replicas - len(victims) > decision.target_replicas:
+            unfinished = decision.target_replicas  # the policy's, which the pool falls short of
         # The target recorded is what the pool still asks for; releasing nothing is a hold.
         decision = dataclasses.replace(
             decision, target_replicas=state.desired_replicas - len(victims),
@@ -213,6 +217,7 @@ def handle_observe_load(command: CommandBase, ctx: DecisionContext) -> list[Stre
               "placements": [{"replica_id": c.replica_id, "command_id": c.command_id}
                              for c in children],
               "releases": victims, "replicas_issued": issued,
+              "unfinished_scale_down_to": unfinished,
               "last_scale_at_seconds": now if acted else row["last_scale_at_seconds"]}
     inputs = {"command": command.payload(), "state": state,
               "window": window, "pool": {"ready": pool["ready"], "warming": pool["warming"]},
@@ -270,7 +275,11 @@ RULES_VERSIONS: dict[str, int] = {
     # 6: a late observation (its `at` before the autoscaler's newest observation or scale) is
     #    decided at the autoscaler's latest time (`observation_late`), not rejected as
     #    `observation_in_future`; a scale-down's freed GPUs follow each release in the log.
-    "ObserveLoad": 6,
+    # 7: the replicas a scale-down had to keep (admitted load, undecided placements) go at a
+    #    later observation without waiting a new stabilisation window (`scale_down_continued`):
+    #    the partial release had restarted it, so they stayed a full window longer than when
+    #    every release was held.
+    "ObserveLoad": 7,
 }
 READS: dict[str, Reads] = {"ObserveLoad": observe_load_reads}
 STREAMS: dict[str, Streams] = {"ObserveLoad": observe_load_streams}

@@ -8,7 +8,10 @@ Demand per observation = ceil(arrival / (service x target utilisation)) + ceil(q
   (b) every demand in the window below the desired count, and (c) a full stabilisation window
   since the last scale change (the reference ignored it); it then goes to the *highest* demand
   in the window, not the newest. This asymmetry is the hysteresis: a brief dip never sheds
-  capacity, and a scale-up is not undone before a full window has passed.
+  capacity, and a scale-up is not undone before a full window has passed. A scale-down that
+  could release only part of its excess (admitted requests or undecided placements kept the
+  rest: `ScaleState.unfinished_scale_down_to`) is not a new change to wait a window after: the
+  replicas it kept go once they may, while (a) and (b) hold, down to its target at most.
 - The backlog term drains at the undiscounted service rate, on purpose: the extra replicas exist
   to clear a transient queue, while the arrival term already keeps utilisation headroom.
 - The target is clamped to [min, max] last, whatever the path (bug 6), and says so in a reason.
@@ -42,10 +45,16 @@ class ScaleObservation:
 
 @dataclass(frozen=True)
 class ScaleState:
+    """The pool as the autoscaler counts it. `unfinished_scale_down_to`: the target of the last
+    scale-down when it released fewer replicas than it decided (admitted load or undecided
+    placements kept some); None once a scale change reaches its target or the demand it
+    judged is gone."""
+
     desired_replicas: int
     ready_replicas: int
     warming_replicas: int
     last_scale_at_seconds: float
+    unfinished_scale_down_to: int | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +218,16 @@ def recommend_replicas(observations: Sequence[ScaleObservation], state: ScaleSta
             reason = Reason("scale_down_demand_not_sustained",
                             "demand inside the stabilisation window reached the desired count",
                             facts)
+        elif since_scale < policy.scale_down_stabilization_seconds \
+                and state.unfinished_scale_down_to is not None \
+                and state.unfinished_scale_down_to < desired:
+            # The replicas the last scale-down had to keep go once they may, the window still
+            # low: it already waited out a full window, and it is still the same scale change.
+            target = max(max(in_window), state.unfinished_scale_down_to)
+            reason = Reason("scale_down_continued",
+                            "the last scale-down kept replicas it could not release yet; lower "
+                            "demand persists, so it goes on toward its target",
+                            {**facts, "unfinished_scale_down_to": state.unfinished_scale_down_to})
         elif since_scale < policy.scale_down_stabilization_seconds:
             reason = Reason("scale_down_inside_cooldown",
                             "the last scale change is more recent than the stabilisation window",

@@ -32,7 +32,7 @@ def empty_autoscaler(pool_id: str) -> dict[str, Any]:
             "last_action": None, "last_decision_event_id": None, "last_scale_event_id": None,
             "window": [],
             "replica_template": None, "members": {}, "pending_placements": [],
-            "replicas_issued": 0}
+            "replicas_issued": 0, "unfinished_scale_down_to": None}
 
 
 def observation_key(observation: dict[str, Any]) -> tuple[float, int, float]:
@@ -134,7 +134,9 @@ def _scale_decided(state: StateStore, event: RecordedEvent) -> None:
                            else None),
         pending_placements=row["pending_placements"]
         + [placement["replica_id"] for placement in result["placements"]],
-        replicas_issued=result["replicas_issued"])
+        replicas_issued=result["replicas_issued"],
+        # Absent before ObserveLoad rules version 7: no scale-down was continued then.
+        unfinished_scale_down_to=result.get("unfinished_scale_down_to"))
     state.put(AUTOSCALER, result["pool_id"], row)
 
 

@@ -361,6 +361,52 @@ def test_a_scale_down_releases_the_replicas_the_admitted_load_does_not_need(
     assert_replay_exact(store)
 
 
+def test_the_replicas_a_partial_scale_down_kept_go_once_the_load_is_released(
+        store: EventStore) -> None:
+    """The scale-down at 301 s releases r3 and keeps r2 for the admitted load. Once that load
+    is released, the next observation releases r2: the partial release had restarted the
+    stabilisation clock, and r2 stayed until 601 s, a window longer than when every release
+    was held (the test above)."""
+    quiet_until_scale_down(store)
+    per_replica = pool(store)["ready"]["r1"]
+    medium = admit_load("medium", per_replica + 1, per_replica, second=100)
+    run(store, *medium, observe("low-301", 301, arrival=50.0))
+    partial = decision(store, "low-301")
+    assert partial.data["result"]["releases"] == ["r3"]
+    assert partial.data["result"]["unfinished_scale_down_to"] == 1
+    run(store, *(release_request(a["request_id"], 302) for a in medium),
+        observe("low-303", 303, arrival=50.0))
+    continued = decision(store, "low-303")
+    assert (continued.data["outcome"], continued.data["result"]["releases"]) == (
+        "scale_down", ["r2"])
+    assert continued.data["reasons"][0]["code"] == "scale_down_continued"
+    assert continued.data["result"]["unfinished_scale_down_to"] is None
+    assert sorted(pool(store)["ready"]) == ["r1"]
+    # Finished: a further scale-down waits out a window again (here none is asked for).
+    run(store, observe("low-304", 304, arrival=50.0))
+    assert decision(store, "low-304").data["outcome"] == "hold"
+    assert_replay_exact(store)
+
+
+def test_a_scale_down_is_not_continued_once_demand_came_back(store: EventStore) -> None:
+    """Demand back at the desired count ends the unfinished scale-down: the kept replica stays
+    even after the load is released, until a new full window of low demand."""
+    quiet_until_scale_down(store)
+    per_replica = pool(store)["ready"]["r1"]
+    medium = admit_load("medium", per_replica + 1, per_replica, second=100)
+    run(store, *medium, observe("low-301", 301, arrival=50.0))
+    assert decision(store, "low-301").data["result"]["releases"] == ["r3"]
+    busy = 2 * SERVICE - 1.0  # two replicas' worth at full utilisation
+    run(store, observe("busy-302", 302, arrival=busy),
+        *(release_request(a["request_id"], 303) for a in medium),
+        observe("low-304", 304, arrival=50.0))
+    assert decision(store, "busy-302").data["result"]["unfinished_scale_down_to"] is None
+    held = decision(store, "low-304")
+    assert (held.data["outcome"], held.data["result"]["releases"]) == ("hold", [])
+    assert sorted(pool(store)["ready"]) == ["r1", "r2"]
+    assert_replay_exact(store)
+
+
 def test_a_smaller_budget_fraction_keeps_more_replicas_for_the_same_admitted_load(
         store: EventStore) -> None:
     """The budget the load must fit is the admission policy's: at half of the capacity, a load

@@ -101,6 +101,23 @@ def test_scale_down_waits_a_full_window_after_the_last_scale_change() -> None:
     assert settled.target_replicas == 1
 
 
+def test_an_unfinished_scale_down_goes_on_inside_the_window_down_to_its_own_target() -> None:
+    observations = [observe(0, 0, 20), observe(60, 0, 20)]  # demand 1 throughout
+    # The scale-down at 30 s was to 2 and kept a replica: it goes now, and no further.
+    kept = ScaleState(3, 3, 0, 30, unfinished_scale_down_to=2)
+    continued = recommend_replicas(observations, kept, POLICY, now=60)
+    assert (continued.target_replicas, codes(continued)) == (2, ["scale_down_continued"])
+    # Reached (or above the desired count): a new scale-down waits out the window.
+    for unfinished in (3, 4):
+        state = dataclasses.replace(kept, unfinished_scale_down_to=unfinished)
+        held = recommend_replicas(observations, state, POLICY, now=60)
+        assert (held.target_replicas, codes(held)) == (3, ["scale_down_inside_cooldown"])
+    # The window's demand rules as ever: a peak at the desired count holds it.
+    peak = recommend_replicas([observe(0, 0, 20), observe(30, 0, 240), observe(60, 0, 20)],
+                              kept, POLICY, now=60)
+    assert (peak.target_replicas, codes(peak)) == (3, ["scale_down_demand_not_sustained"])
+
+
 def test_scale_down_goes_to_the_highest_demand_in_the_window_not_the_newest() -> None:
     observations = [observe(0, 0, 100), observe(30, 0, 20), observe(60, 0, 20)]
     decision = recommend_replicas(observations, ScaleState(3, 3, 0, 0), POLICY, now=60)
