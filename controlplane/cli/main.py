@@ -11,6 +11,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.cli.demo import demo
+from controlplane.cli.entry import ABORTED_EXIT_CODE
 from controlplane.cli.fit import fit
 from controlplane.cli.inspect_cmds import explain, log_command, status, verify
 from controlplane.cli.output import fail, one_line
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
         code = cli.main(args=argv, prog_name="fleetctl", standalone_mode=False)
     except click.exceptions.Abort:
         fail("aborted")
-        sys.exit(130)
+        sys.exit(ABORTED_EXIT_CODE)
     except click.UsageError as error:
         fail(error.format_message())
         sys.exit(2)
