@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import structlog
 from sqlalchemy.engine import Connection
 
-from controlplane.commands import CommandBase, parse_command
+from controlplane.commands import CommandBase, parse_recorded
 from controlplane.deciding import Outcome, Prepared, decide_batch
 from controlplane.decisions import ACCEPTED, INBOX_STREAM, inbox_record, is_issued_id
 from controlplane.errors import FieldProblem, SubmissionRejected
@@ -211,8 +211,9 @@ def _prepare(store: EventStore, connection: Connection,
             log.debug("command_already_decided", command_id=command_id)
             done.append(Outcome(command_id, False, tuple(decided)))
         else:
-            prepared.append(Prepared(command_id, accepted,
-                                     parse_command(accepted.data["command"])))
+            # A command today's validation refuses is read as a RefusedCommand, rejected when
+            # decided: failing to parse it had failed its whole batch on every retry.
+            prepared.append(Prepared(command_id, accepted, parse_recorded(accepted)))
     return done, prepared
 
 

@@ -52,6 +52,10 @@ def _render(report: dict[str, Any]) -> str:
             lines.append(f"  {len(older)} of them decided under older rules than today's "
                          "(an upgrade changed them; see the CHANGELOG), "
                          f"{len(drifts) - len(older)} under today's")
+        refused = [d for d in drifts if d.get("refused_today")]
+        if refused:
+            lines.append(f"  {len(refused)} of them of commands today's validation refuses as "
+                         "recorded (an upgrade tightened it; re-derived, they are rejected)")
         if report.get("decisions_unchecked"):
             lines.append(f"  {report['decisions_unchecked']} decision(s) left unchecked: their"
                          " events run past position "
@@ -59,7 +63,8 @@ def _render(report: dict[str, Any]) -> str:
         # Changed outcomes first: the rest differ only in their reasons' facts or inputs.
         shown = (changed + same)[:SHOWN_DRIFTS]
         for drift in shown:
-            rules = (f"; rules {drift['rules_version']} -> {drift['current_rules_version']}"
+            rules = ("; refused by today's validation" if drift.get("refused_today")
+                     else f"; rules {drift['rules_version']} -> {drift['current_rules_version']}"
                      if drift["older_rules"] else "")
             lines.append(f"  #{drift['position']} {drift['command_id']}: "
                          f"{drift['recorded']['outcome']} -> {drift['rederived']['outcome']} "

@@ -9,10 +9,12 @@ from __future__ import annotations
 import sys
 from typing import Annotated, Any, Union
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, ValidationError
 
 from controlplane.commands.base import CommandBase
+from controlplane.commands.refused import refused_command
 from controlplane.discovery import domain_modules
+from events.model import RecordedEvent
 
 COMMAND_TYPES: dict[str, type[CommandBase]] = {
     command.model_fields["type"].default: command
@@ -28,4 +30,14 @@ def parse_command(payload: dict[str, Any]) -> CommandBase:
     return command_adapter.validate_python(payload)
 
 
-__all__ = ["COMMAND_TYPES", "CommandBase", "command_adapter", "parse_command"]
+def parse_recorded(accepted: RecordedEvent) -> CommandBase:
+    """The command `accepted` (a `CommandAccepted` event) recorded, parsed by today's rules; a
+    `RefusedCommand` (rejected when decided) where an upgrade tightened them and they refuse
+    it. KeyError when the event holds no command."""
+    try:
+        return parse_command(accepted.data["command"])
+    except ValidationError as error:
+        return refused_command(accepted, error)
+
+
+__all__ = ["COMMAND_TYPES", "CommandBase", "command_adapter", "parse_command", "parse_recorded"]

@@ -14,7 +14,8 @@ from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
-from controlplane.commands import CommandBase, parse_command
+from controlplane.commands import CommandBase, parse_recorded
+from controlplane.commands.refused import RefusedCommand
 from controlplane.decisions import ACCEPTED, DecisionContext, OutsideReads
 from controlplane.handlers import OBSERVATIONS, decide_command, rules_version
 from controlplane.policy_book import PolicyBook
@@ -41,18 +42,26 @@ class Drift:
     changed_fields: list[str] = field(default_factory=list)
     rules_version: int = 1
     current_rules_version: int = 1
+    # Today's validation refuses the command as recorded (`RefusedCommand`): re-derived, it is
+    # rejected; explained by an upgrade that tightened validation, not a fault.
+    refused_today: bool = False
 
     @property
     def older_rules(self) -> bool:
         """Decided under older rules than today's: explained by an upgrade, not a fault."""
         return self.rules_version < self.current_rules_version
 
+    @property
+    def explained(self) -> bool:
+        """Explained by an upgrade: older rules, or a command today's validation refuses."""
+        return self.older_rules or self.refused_today
+
     def as_dict(self) -> dict[str, Any]:
         return {"command_id": self.command_id, "position": self.position,
                 "event_type": self.event_type, "changed_fields": self.changed_fields,
                 "rules_version": self.rules_version,
                 "current_rules_version": self.current_rules_version,
-                "older_rules": self.older_rules,
+                "older_rules": self.older_rules, "refused_today": self.refused_today,
                 "recorded": self.recorded, "rederived": self.rederived}
 
 
@@ -71,9 +80,10 @@ class VerifyReport:
 
     @property
     def unexplained(self) -> list[Drift]:
-        """The drifts of decisions made under today's rules (or newer): the recorded history
-        cannot be reproduced by the rules that made it."""
-        return [drift for drift in self.drifts if not drift.older_rules]
+        """The drifts of decisions made under today's rules (or newer) of commands today's
+        validation accepts: the recorded history cannot be reproduced by the rules that made
+        it."""
+        return [drift for drift in self.drifts if not drift.explained]
 
 
 # The version `PolicyBook` gives a policy a what-if overrides.
@@ -159,7 +169,7 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
                 settle()
             if event.event_type == ACCEPTED:
                 with reading(event):
-                    command = parse_command(event.data["command"])
+                    command = parse_recorded(event)
                 commands[command.command_id] = (command, event.event_id)
             if joins or (event.event_type != ACCEPTED and event.command_id in commands
                          and event.event_type not in OBSERVATIONS):
@@ -213,7 +223,8 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[CommandBase, st
         report.drifts.append(Drift(first.command_id or "", first.position, first.event_type,
                                    _summary(recorded), _summary(rederived), changed,
                                    version if type(version) is int else 1,
-                                   rules_version(command.command_type)))
+                                   rules_version(command.command_type),
+                                   isinstance(command, RefusedCommand)))
 
 
 def _unversioned(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,82 @@
+"""A command accepted under looser validation than today's (an upgrade tightened it) neither
+blocks its batch nor stops `replay --verify`.
+
+Validation is tightened here the way an upgrade does it: today's `parse_command` refuses one
+recorded command (its node id now holds a character ids may not), with pydantic's own error.
+Before, deciding it failed the whole batch on every retry (its valid neighbours never decided),
+and `replay --verify` stopped at it with "cannot be read", blaming tampering.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import controlplane.commands
+from controlplane.commands import command_adapter
+from controlplane.replay.verify import verify_decisions
+from controlplane.service import accept, decide
+from events.store import EventStore
+from tests.cli_helpers import run_cli
+from tests.factories import register_node
+from tests.fleet_helpers import decision, run
+
+TIGHTENED = "register-n1"
+
+
+def tighten_validation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Today's validation refuses the command `TIGHTENED` as it was recorded."""
+    def today(payload: dict[str, Any]) -> Any:
+        if payload.get("command_id") == TIGHTENED:
+            return command_adapter.validate_python({**payload, "node_id": "rack1:n1"})
+        return command_adapter.validate_python(payload)
+    monkeypatch.setattr(controlplane.commands, "parse_command", today)
+
+
+def test_a_recorded_command_todays_validation_refuses_is_rejected_and_its_batch_decided(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = accept(store, [command_adapter.validate_python(p)
+                         for p in (register_node("n1"), register_node("n2"))])
+    tighten_validation(monkeypatch)
+    outcomes = decide(store, ids)
+    assert [o.decided_now for o in outcomes] == [True, True]
+    rejected = decision(store, TIGHTENED)
+    assert (rejected.event_type, rejected.stream_id) == ("CommandRejected", "inbox")
+    reason = rejected.data["reasons"][0]
+    assert reason["code"] == "command_refused_by_validation"
+    assert reason["facts"]["command_type"] == "RegisterNode"
+    assert any("node_id" in problem for problem in reason["facts"]["problems"])
+    assert rejected.data["inputs"]["node_id"] == "n1"  # the command as it was recorded
+    assert decision(store, "register-n2").event_type == "NodeRegistered"
+    # Re-derived by the same rules, the rejection is the same.
+    report = verify_decisions(store)
+    assert (report.decisions_checked, report.drifts) == (2, [])
+
+
+def test_verify_goes_on_past_a_decided_command_todays_validation_refuses(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    run(store, register_node("n1"), register_node("n2"))
+    tighten_validation(monkeypatch)
+    report = verify_decisions(store)
+    assert report.decisions_checked == 2  # the one after it checked too
+    [drift] = report.drifts
+    assert (drift.command_id, drift.refused_today, drift.explained) == (TIGHTENED, True, True)
+    assert (drift.recorded["outcome"], drift.rederived["outcome"]) == ("registered", "rejected")
+    assert report.unexplained == []
+
+
+def test_replay_verify_names_a_refused_command_and_exits_0(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+    source = tmp_path / "c.jsonl"
+    source.write_text("\n".join(json.dumps(register_node(n)) for n in ("n1", "n2")))
+    assert run_cli("submit", str(source)).exit_code == 0
+    tighten_validation(monkeypatch)
+    result = run_cli("replay", "--verify")
+    assert result.exit_code == 0, result.stderr
+    assert "1 of them of commands today's validation refuses" in result.output
+    assert f"{TIGHTENED}: registered -> rejected" in result.output
+    assert "refused by today's validation" in result.output
