@@ -60,7 +60,7 @@ class NewEvent:
 _set_attribute = object.__setattr__  # sets a frozen instance's whole __dict__ at once
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StreamAppend:
     """Events for one stream, appended only if the stream is at `expected_version`.
 
@@ -70,6 +70,13 @@ class StreamAppend:
     stream_id: str
     expected_version: int | None
     events: Sequence[NewEvent] = field(default_factory=tuple)
+
+    # Written out, as NewEvent's is: every decision builds one per stream it appends to (two
+    # or three), and the generated one sets each field through `object.__setattr__`.
+    def __init__(self, stream_id: str, expected_version: int | None,
+                 events: Sequence[NewEvent] = ()) -> None:
+        _set_attribute(self, "__dict__", {"stream_id": stream_id,
+                                          "expected_version": expected_version, "events": events})
 
 
 @dataclass(frozen=True)

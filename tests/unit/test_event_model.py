@@ -1,4 +1,5 @@
-"""The event envelope types: NewEvent's written-out constructor is the dataclass's own."""
+"""The event envelope types: NewEvent's and StreamAppend's written-out constructors are the
+dataclass's own."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import inspect
 
 import pytest
 
-from events.model import NewEvent
+from events.model import NewEvent, StreamAppend
 
 FIELDS = dataclasses.fields(NewEvent)
 
@@ -39,3 +40,31 @@ def test_a_new_event_cannot_be_changed() -> None:
     event = NewEvent("id", "Tested", {}, "2026-01-01T00:00:00.000000Z")
     with pytest.raises(dataclasses.FrozenInstanceError):
         event.actor = "someone"  # type: ignore[misc]
+
+
+APPEND_FIELDS = dataclasses.fields(StreamAppend)
+
+
+def test_a_stream_append_takes_its_fields_in_order_with_their_defaults() -> None:
+    parameters = list(inspect.signature(StreamAppend).parameters.values())
+    assert [p.name for p in parameters] == [f.name for f in APPEND_FIELDS]
+    assert [p.default for p in parameters] == [
+        f.default_factory() if f.default_factory is not dataclasses.MISSING
+        else inspect.Parameter.empty for f in APPEND_FIELDS]
+
+
+def test_a_stream_append_holds_exactly_the_values_it_was_given() -> None:
+    values = {f.name: f"value of {f.name}" for f in APPEND_FIELDS}
+    by_name, by_position = StreamAppend(**values), StreamAppend(*values.values())
+    for append in (by_name, by_position):
+        assert vars(append) == values
+        assert dataclasses.asdict(append) == values
+    assert by_name == by_position
+    assert vars(StreamAppend("inbox", None)) == {"stream_id": "inbox", "expected_version": None,
+                                                 "events": ()}
+
+
+def test_a_stream_append_cannot_be_changed() -> None:
+    append = StreamAppend("inbox", None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        append.expected_version = 3  # type: ignore[misc]
