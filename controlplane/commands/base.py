@@ -48,7 +48,7 @@ class Frozen(BaseModel):
                               ignored_types=(_once,))
 
 
-_CACHED = ("occurred_at", "command_type")
+_CACHED = ("occurred_at",)
 
 
 def as_utc(value: datetime) -> datetime:
@@ -72,6 +72,8 @@ class CommandBase(Frozen):
     # command that does not use one records the payload it always did, so the decisions of
     # logs written before it re-derive unchanged (their recorded inputs hold that payload).
     OMITTED_AT_DEFAULT: ClassVar[tuple[str, ...]] = ()
+    # The `type` of every command of this class (see `__pydantic_init_subclass__`).
+    command_type: ClassVar[str]
 
     command_id: CommandId = Field(default_factory=lambda: str(uuid.uuid4()))
     at: datetime = Field(default_factory=lambda: datetime.now(UTC))
@@ -84,15 +86,21 @@ class CommandBase(Frozen):
     def _aware_utc(cls, value: datetime) -> datetime:
         return as_utc(value)
 
-    # Cached on the instance (a command is immutable); they are not fields, so the payload,
-    # equality and validation never see them. A copy with changed fields drops them (below).
+    # Cached on the instance (a command is immutable); not a field, so the payload, equality
+    # and validation never see it. A copy with changed fields drops it (below).
     @_once
     def occurred_at(self) -> str:
         return self.at.isoformat(timespec="microseconds").replace("+00:00", "Z")
 
-    @_once
-    def command_type(self) -> str:
-        return str(type(self).model_fields["type"].default)
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """A command class's `command_type` is its `type` field's default, set once per class:
+        computed per command (once accepted, once decided), it had cost a call through
+        pydantic's class-level `model_fields` each time."""
+        super().__pydantic_init_subclass__(**kwargs)
+        field = cls.model_fields.get("type")
+        if field is not None:
+            cls.command_type = str(field.default)
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None,
                    deep: bool = False) -> Self:

@@ -116,6 +116,16 @@ def test_a_commands_cached_time_and_type_follow_a_copy_that_changes_them() -> No
     assert command == parse_submission(json.dumps(command.payload()))[0]  # caches are not fields
 
 
+def test_every_command_class_names_its_type_once_for_all_its_commands() -> None:
+    from controlplane.commands import COMMAND_TYPES
+
+    for type_name, command_class in COMMAND_TYPES.items():
+        assert command_class.command_type == type_name
+    (command,) = parse_submission(json.dumps(assess_memory("a")))
+    assert command.command_type == "AssessMemory"
+    assert "command_type" not in vars(command)  # the class's, not computed per command
+
+
 def register_node(gpus: int) -> dict[str, object]:
     return {"type": "RegisterNode", "command_id": "node-big", "node_id": "big",
             "gpus": [{"gpu_id": f"g{i}", "gpu_type": "GB200", "memory_gib": 186.0}
