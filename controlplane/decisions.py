@@ -136,14 +136,17 @@ def inbox_record(command: CommandBase) -> Plain:
 def new_event(command: CommandBase, ctx: DecisionContext, slot: str, event_type: str,
               data: dict[str, Any]) -> NewEvent:
     """An event of `command`'s decision, with an id stable across re-handling."""
+    # Its id read once, not three times: every read of a pydantic model's field goes through
+    # the model's __getattr__ hook (no specialised attribute read), dearer than a local's.
+    command_id = command.command_id
     return NewEvent(
-        event_id=derived_event_id(command.command_id, slot),
+        event_id=derived_event_id(command_id, slot),
         event_type=event_type,
         data=data,
         occurred_at=command.occurred_at,
-        command_id=command.command_id,
+        command_id=command_id,
         causation_id=ctx.accepted_event_id,
-        correlation_id=command.correlation_id or command.command_id,
+        correlation_id=command.correlation_id or command_id,
         actor=command.actor,
         tenant=command.tenant,
     )
