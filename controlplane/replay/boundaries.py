@@ -35,6 +35,17 @@ def _continues_unit(group: list[RecordedEvent], event: RecordedEvent) -> bool:
     return continues_decision(group, event)
 
 
+def _issued_before(upto: list[RecordedEvent], after: RecordedEvent,
+                   events: list[RecordedEvent]) -> bool:
+    """Whether the cut falls among the acceptances of commands issued by a decision that begins
+    before the window `events` was read over: the last event before the cut, or the first
+    after it, is one whose cause the window does not hold. (A decision's events and the
+    commands it issues are appended together, so everything from its cause to them is it.)"""
+    inside = {event.event_id for event in events}
+    return any(event.event_type == ACCEPTED and event.causation_id is not None
+               and event.causation_id not in inside for event in (*upto[-1:], after))
+
+
 # Events a decision's window is first read back over; doubled while the decision starts before.
 _CUT_WINDOW = 64
 
@@ -65,6 +76,9 @@ def whole_decisions_cut(store: EventStore, position: int) -> int:
                 group = [event]
             else:
                 group = []
+        if not group and start > 0 and _issued_before(upto, after, events):
+            window *= 2  # inside the commands a decision before the window issued
+            continue
         if not group or not _continues_unit(group, after):
             return position
         if group[0].position > start + 1 or start == 0:
