@@ -135,6 +135,18 @@ class UnreadableEvent(LogError):
         self.position = position
 
 
+class UnreadableRow(LogError):
+    """A stored projection row that is not a JSON object: changed outside the control plane.
+    Projections are disposable: `fleetctl replay --rebuild` writes every row again from the
+    log."""
+
+    def __init__(self, name: str, key: str, detail: str) -> None:
+        super().__init__(f"projection row {name}/{key} cannot be read ({detail}): it was changed "
+                         "outside fleetctl; `fleetctl replay --rebuild` writes the projections "
+                         "again from the log")
+        self.name, self.key = name, key
+
+
 class StatementFailed(LogError):
     """A statement of a write transaction failed and its error was caught inside the
     transaction: the transaction is rolled back, never committed without that statement."""

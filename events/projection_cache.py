@@ -32,6 +32,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 
 from events.canonical import decode
+from events.model import UnreadableRow
 from events.tables import HEAD
 
 if TYPE_CHECKING:
@@ -43,6 +44,18 @@ if TYPE_CHECKING:
 MAX_CACHED_ROWS = 50_000
 
 Row = dict[str, Any]
+
+
+def decode_row(name: str, key: str, text: str) -> Row:
+    """Row `key` of projection `name` from its stored text; UnreadableRow when that is not a
+    JSON object (a decision had failed on a JSONDecodeError naming no row)."""
+    try:
+        value = decode(text)
+    except (ValueError, RecursionError):
+        raise UnreadableRow(name, key, "not JSON") from None
+    if type(value) is not dict:
+        raise UnreadableRow(name, key, f"JSON {type(value).__name__}, not an object")
+    return value
 
 
 class RowSource(Protocol):
@@ -123,7 +136,7 @@ class ProjectionCache:
         current = source.stored_rows(name)
         for key, text in current.items():
             if texts.get(key) != text:
-                value = rows[key] = decode(text)
+                value = rows[key] = decode_row(name, key, text)
                 texts[key] = text
                 for view in views:
                     view.apply(key, value)
@@ -177,7 +190,7 @@ class ProjectionCache:
         if name not in self.complete:
             for key, text in source.stored_rows(name).items():
                 if key not in table:  # a row written in this transaction is newer
-                    table[key] = decode(text)
+                    table[key] = decode_row(name, key, text)
                     self.size += 1
             self.complete.add(name)
         return {key: value for key, value in table.items() if value is not None}
@@ -211,7 +224,8 @@ class ProjectionCache:
             if name not in self.texts and not self.rows.get(name):
                 # Read the texts with the rows, so a later head can be checked against them.
                 texts = source.stored_rows(name)
-                rows = {key: decode(text) for key, text in texts.items()}
+                rows: dict[str, Row | None] = {key: decode_row(name, key, text)
+                                               for key, text in texts.items()}
                 self.texts[name], self.rows[name] = texts, rows
                 self.size += len(rows)
                 self.complete.add(name)

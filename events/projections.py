@@ -19,9 +19,10 @@ from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection
 
 from events import driver
-from events.canonical import canonical_json, decode
+from events.canonical import canonical_json
 from events.database import in_lists
-from events.projection_cache import ProjectionCache, cache_for, forget
+from events.model import UnreadableRow
+from events.projection_cache import ProjectionCache, cache_for, decode_row, forget
 from events.tables import projections_table
 
 _DELETED = object()
@@ -161,7 +162,8 @@ class SqlProjections:
 
     def load_row(self, name: str, key: str) -> dict[str, Any] | None:
         """Row `key` of `name` as stored (for the cache, on a miss)."""
-        return _decoded(driver.fetch(self.connection, _GET_ROWS, name, in_values=[key])).get(key)
+        return _decoded(name, driver.fetch(self.connection, _GET_ROWS, name,
+                                           in_values=[key])).get(key)
 
     def prefetch(self, keys: Iterable[tuple[str, str]]) -> None:
         """Read the rows `keys` (name, key) names in one query per projection, ahead of `get`
@@ -184,7 +186,7 @@ class SqlProjections:
                 reads.add(_GET_ROWS, name, in_values=chunk, then=partial(self._loaded, name, chunk))
 
     def _loaded(self, name: str, keys: Sequence[str], rows: list[driver.Row]) -> None:
-        self._cache.loaded(name, keys, _decoded(rows))
+        self._cache.loaded(name, keys, _decoded(name, rows))
 
     def stored_rows(self, name: str) -> dict[str, str]:
         """Every stored row of `name` as its text (for the cache)."""
@@ -268,17 +270,33 @@ class SqlProjections:
             del self._pending[(name, key)]
 
 
-def _decoded(rows: Iterable[tuple[str, str]]) -> dict[str, dict[str, Any]]:
-    """Stored (key, JSON text) rows as {key: value}."""
-    return {key: decode(text) for key, text in rows}
+def _decoded(name: str, rows: Iterable[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """Stored (key, JSON text) rows of projection `name` as {key: value}."""
+    return {key: decode_row(name, key, text) for key, text in rows}
 
 
-def load_all(connection: Connection) -> dict[str, dict[str, Any]]:
-    """Every stored projection row as `{name: {key: value}}`, for comparing with a rebuild."""
+class UnreadableText(str):
+    """A stored row `load_all` could not read (`UnreadableRow`), as its text: shown as it is
+    stored, and unequal to any row (a row is a JSON object), so replay lists it as a
+    difference and `replay --rebuild` rewrites it."""
+
+    __slots__ = ()
+
+
+def load_all(connection: Connection, unreadable_as_text: bool = False) -> dict[str, dict[str, Any]]:
+    """Every stored projection row as `{name: {key: value}}`, for comparing with a rebuild.
+    UnreadableRow for a row that is not a JSON object, or with `unreadable_as_text` that row as
+    an `UnreadableText`."""
     tables: dict[str, dict[str, Any]] = {}
     query = select(projections_table).order_by(projections_table.c.name, projections_table.c.key)
     for row in connection.execute(query):
-        tables.setdefault(row.name, {})[row.key] = decode(row.data)
+        try:
+            value: Any = decode_row(row.name, row.key, row.data)
+        except UnreadableRow:
+            if not unreadable_as_text:
+                raise
+            value = UnreadableText(row.data)
+        tables.setdefault(row.name, {})[row.key] = value
     return tables
 
 

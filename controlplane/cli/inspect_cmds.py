@@ -9,7 +9,7 @@ import click
 from controlplane.cli.context import existing_store
 from controlplane.cli.output import emit, table
 from controlplane.cli.status_view import pool_budgets, render_status
-from controlplane.errors import InputError
+from controlplane.errors import InputError, OperationalError
 from controlplane.explain import explain_id
 from controlplane.replay import state_at
 from controlplane.replay.boundaries import whole_decisions_cut
@@ -51,8 +51,18 @@ def status(at_position: int | None, as_json: bool) -> None:
         if position != wanted:
             cut["requested_position"] = at_position
         projections = state_at(store, position).snapshot()
-    emit({"position": position, **cut, "projections": projections,
-          "pool_budgets": pool_budgets(projections)}, as_json, render_status)
+    try:
+        report = {"position": position, **cut, "projections": projections,
+                  "pool_budgets": pool_budgets(projections)}
+        shown = "" if as_json else render_status(report)
+    except (KeyError, TypeError, AttributeError, ValueError) as error:
+        if at_position is not None:  # folded from the log here: not a stored row's doing
+            raise
+        raise OperationalError(
+            f"a live projection row is not one fleetctl wrote ({type(error).__name__}: {error}): "
+            "it was changed outside fleetctl; `fleetctl replay` names the rows that differ "
+            "from the log, `fleetctl replay --rebuild` writes them again") from None
+    emit(report, as_json, lambda _: shown)
 
 
 @click.command("log")

@@ -37,5 +37,5 @@ def compare_with_live(store: EventStore, progress: ProgressFn | None = None) \
     what other processes append meanwhile is in neither. `progress` as for `state_at`."""
     with store.snapshot() as conn:
         head, _ = store.head(conn)
-        live = load_all(conn)
+        live = load_all(conn, unreadable_as_text=True)
     return diff_tables(live, state_at(store, head, progress).snapshot())

@@ -41,7 +41,7 @@ def rebuild_live(store: EventStore, progress: ProgressFn | None = None) -> Rebui
     the old head reads them again.
     """
     with store.transaction() as tx:
-        live = load_all(tx.connection)
+        live = load_all(tx.connection, unreadable_as_text=True)
         drop_all(tx.connection)
         state = MemoryProjections()
         count = 0

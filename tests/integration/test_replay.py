@@ -112,8 +112,9 @@ def test_appends_while_replaying_are_not_a_projection_difference(
     decide_through_the_queue(store, thousand_commands()[:5])
     read_live = controlplane.replay.load_all
 
-    def live_then_another_decision(connection: Connection) -> dict[str, dict[str, Any]]:
-        live = read_live(connection)
+    def live_then_another_decision(connection: Connection,
+                                   unreadable_as_text: bool = False) -> dict[str, dict[str, Any]]:
+        live = read_live(connection, unreadable_as_text)
         decide_through_the_queue(EventStore(store.engine), [assess_memory("late")])
         return live
 
