@@ -48,12 +48,19 @@ def _resolve(store: EventStore, identifier: str) -> list[RecordedEvent]:
     candidates = [identifier] if "/" in identifier else \
         [*(f"{kind}/{identifier}" for kind in NAMED_STREAMS), identifier]
     for stream_id in candidates:
-        decisions = [e for e in store.read_stream(stream_id) if "outcome" in e.data]
-        # What decided the entity's state, not a command refused about it since (a rollout's
-        # rollback, not the evaluation refused after it), unless refusals are all there is.
-        decisions = [e for e in decisions if e.event_type != REJECTED] or decisions
-        if decisions:
-            return [decisions[-1]]
+        # The latest decision about the entity, read newest first (a pool's stream holds an
+        # event per admission): what decided its state, not a command refused about it since
+        # (a rollout's rollback, not the evaluation refused after it), unless refusals are all
+        # there is.
+        refused: RecordedEvent | None = None
+        for event in store.iter_stream(stream_id, newest_first=True):
+            if "outcome" not in event.data:
+                continue
+            if event.event_type != REJECTED:
+                return [event]
+            refused = refused or event
+        if refused is not None:
+            return [refused]
     raise InputError(f"no event, command, request, replica or stream with id {identifier!r}")
 
 

@@ -30,6 +30,11 @@ _READ_FROM = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE position > ? ORDER B
 _READ_RANGE = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE position > ? AND position <= ?"
                " ORDER BY position LIMIT ?")
 _READ_FIRST = f"SELECT {EVENT_COLUMNS_SQL} FROM events ORDER BY position LIMIT ?"
+_STREAM_VERSION = COLUMNS.index("stream_version")
+_STREAM_AFTER = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE stream_id = ? AND stream_version > ?"
+                 " ORDER BY stream_version LIMIT ?")
+_STREAM_BEFORE = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE stream_id = ? AND stream_version < ?"
+                  " ORDER BY stream_version DESC LIMIT ?")
 
 
 def _one_head(rows: Sequence[driver.Row]) -> tuple[int, str]:
@@ -283,6 +288,21 @@ class EventStore:
                  .order_by(events_table.c.stream_version))
         with self.engine.connect() as conn:
             return [from_row(row) for row in conn.execute(query)]
+
+    def iter_stream(self, stream_id: str, newest_first: bool = False) -> Iterator[RecordedEvent]:
+        """The stream's events in version order (or newest first), read in chunks: memory does
+        not grow with the stream (a pool's or a shared budget's holds an event per decision
+        about it), and a reader that stops early reads only what it looked at."""
+        last = 2**62 if newest_first else 0
+        while True:
+            with self.engine.connect() as conn:  # a connection per chunk: no long transaction
+                rows = driver.fetch(conn, _STREAM_BEFORE if newest_first else _STREAM_AFTER,
+                                    stream_id, last, READ_CHUNK)
+            for row in rows:
+                yield from_row(row)
+            if len(rows) < READ_CHUNK:
+                return
+            last = rows[-1][_STREAM_VERSION]
 
     def read_all(self, from_position: int = 0, to_position: int | None = None,
                  raw: bool = False) -> Iterator[Any]:

@@ -66,7 +66,8 @@ def explain_operation(store: EventStore, tenant: str, idempotency_key: str) -> d
          "current_version": (sources.get(ref["source_ref"]) or {}).get("current_version"),
          "active_now": (sources.get(ref["source_ref"]) or {}).get("active", False)}
         for ref in operation["evidence"]]
-    report["budget"] = [_movement(e) for e in store.read_stream(gw.budget_stream(operation["budget_id"]))
+    # Read in chunks: a budget's stream holds every dispatch charged to it.
+    report["budget"] = [_movement(e) for e in store.iter_stream(gw.budget_stream(operation["budget_id"]))
                         if e.event_type in gw.BUDGET_EVENTS
                         and e.data["result"].get("operation_id") == operation["operation_id"]]
     completed = next((e for e in events if e.event_type in (gw.OPERATION_COMPLETED,
