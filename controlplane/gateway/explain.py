@@ -7,12 +7,18 @@ from typing import Any
 
 from controlplane.errors import InputError
 from controlplane.state import gateway as gw
+from controlplane.state.fold import reading
 from events.model import RecordedEvent
 from events.projections import SqlProjections
 from events.store import EventStore
 
 
 def _entry(event: RecordedEvent) -> dict[str, Any]:
+    with reading(event):
+        return _timeline_entry(event)
+
+
+def _timeline_entry(event: RecordedEvent) -> dict[str, Any]:
     data = event.data
     result = data.get("result") or {}
     entry: dict[str, Any] = {
@@ -24,6 +30,12 @@ def _entry(event: RecordedEvent) -> dict[str, Any]:
     if "step" in result:
         entry["step"] = result["step"]
     return entry
+
+
+def _denial(event: RecordedEvent) -> dict[str, Any]:
+    with reading(event):
+        return {"position": event.position, "step": event.data["result"]["step"],
+                "code": event.data["result"]["code"], "command_id": event.command_id}
 
 
 def _movement(event: RecordedEvent) -> dict[str, Any]:
@@ -50,9 +62,7 @@ def explain_operation(store: EventStore, tenant: str, idempotency_key: str) -> d
         "tenant": tenant, "idempotency_key": idempotency_key,
         "stream_id": gw.operation_stream(tenant, idempotency_key),
         "timeline": [_entry(e) for e in events],
-        "denials": [{"position": e.position, "step": e.data["result"]["step"],
-                     "code": e.data["result"]["code"], "command_id": e.command_id}
-                    for e in events if e.event_type == gw.DISPATCH_DENIED],
+        "denials": [_denial(e) for e in events if e.event_type == gw.DISPATCH_DENIED],
         "operation": None, "steps": [], "evidence": [], "budget": [], "adapter": None}
     if operation is None or reserved is None:
         return report
@@ -60,21 +70,29 @@ def explain_operation(store: EventStore, tenant: str, idempotency_key: str) -> d
         "operation_id", "state", "outcome_code", "dispatch_count", "release_id", "profile_id",
         "route_id", "adapter_kind", "pool", "network_policy", "input_tokens", "max_output_tokens",
         "grant_units", "budget_id", "replays")}
-    report["steps"] = reserved.data["result"]["steps"]
+    with reading(reserved):
+        report["steps"] = reserved.data["result"]["steps"]
     report["evidence"] = [
         {"source_ref": ref["source_ref"], "admitted_version": ref["version"],
          "current_version": (sources.get(ref["source_ref"]) or {}).get("current_version"),
          "active_now": (sources.get(ref["source_ref"]) or {}).get("active", False)}
         for ref in operation["evidence"]]
+    report["budget"] = []
     # Read in chunks: a budget's stream holds every dispatch charged to it.
-    report["budget"] = [_movement(e) for e in store.iter_stream(gw.budget_stream(operation["budget_id"]))
-                        if e.event_type in gw.BUDGET_EVENTS
-                        and e.data["result"].get("operation_id") == operation["operation_id"]]
+    for event in store.iter_stream(gw.budget_stream(operation["budget_id"])):
+        if event.event_type in gw.BUDGET_EVENTS:
+            with reading(event):
+                if event.data["result"].get("operation_id") == operation["operation_id"]:
+                    report["budget"].append(_movement(event))
     completed = next((e for e in events if e.event_type in (gw.OPERATION_COMPLETED,
                                                              gw.OPERATION_RECONCILED)), None)
+    provider_request_id = None
+    if completed is not None:
+        with reading(completed):
+            provider_request_id = completed.data["result"].get("provider_request_id")
     report["adapter"] = {
         "dispatch_count": operation["dispatch_count"], "route_id": operation["route_id"],
         "adapter_kind": operation["adapter_kind"],
         "provider_idempotency_key": operation["operation_id"],
-        "provider_request_id": completed.data["result"].get("provider_request_id") if completed else None}
+        "provider_request_id": provider_request_id}
     return report

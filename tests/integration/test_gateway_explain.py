@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from controlplane.commands.gateway import (
     CreateReleaseBundle,
@@ -158,3 +159,17 @@ def test_explain_text_names_each_route_ruled_out_and_by_what(gateway: GatewayDri
     assert ruled_out.get("sh-1") == "route_not_ready"
     for route_id, code in ruled_out.items():
         assert f"ruled out {route_id}: {code}" in result.output
+
+
+def test_explain_of_an_operation_names_a_budget_event_changed_outside_fleetctl(
+        gateway: GatewayDriver) -> None:
+    # Before: a KeyError traceback (exit 1) from a budget row without its result.
+    command = dispatch("alice", "kop")
+    gateway.send(command)
+    with gateway.store.engine.begin() as conn:
+        conn.execute(text("UPDATE events SET data = '{\"outcome\": \"reserved\"}' "
+                          "WHERE event_type = 'BudgetReserved'"))
+    result = run_cli("explain", f"operation/{command.tenant}/kop")
+    assert result.exit_code == 3, result.stderr
+    assert "(BudgetReserved on budget/" in result.stderr and "cannot be read" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
