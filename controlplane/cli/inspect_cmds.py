@@ -158,10 +158,12 @@ def verify(anchor: str | None, as_json: bool) -> int:
         raise InputError(str(error)) from None
     store = existing_store()
     report = verify_log(store, anchored)
+    # An empty log has no head to keep: an anchor names an event (position 1 or later).
     emit({**report.__dict__, "head": f"{report.head_position}:{report.head_hash}"
-          if report.head_hash else None,
+          if report.head_hash and report.head_position else None,
           "anchor": f"{anchored[0]}:{anchored[1]}" if anchored else None}, as_json,
-         lambda r: (f"chain intact: {r['events_checked']} events verified; head {r['head']}"
+         lambda r: (f"chain intact: {r['events_checked']} events verified; "
+                    + (f"head {r['head']}" if r["head"] else "the log is empty: no head to anchor")
                     + (f" (anchored at {r['anchor'].split(':')[0]})" if r["anchor"] else ""))
          if r["ok"] else
          f"chain BROKEN at position {r['first_bad_position']}: {r['problem']} ({r['detail']})")

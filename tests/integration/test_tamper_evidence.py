@@ -385,3 +385,11 @@ def test_a_malformed_anchor_is_refused_naming_it(store: EventStore, anchor: str)
     seeded(store)
     cli = run_cli("verify", "--anchor", anchor)
     assert cli.exit_code == 2 and "anchor" in cli.stderr and "Traceback" not in cli.stderr
+
+
+def test_verify_of_an_empty_log_offers_no_head_an_anchor_would_refuse(store: EventStore) -> None:
+    # Before: "head 0:000…", which `--anchor` refuses (an anchor names an event).
+    result = run_cli("verify")
+    assert result.exit_code == 0
+    assert result.output.strip() == "chain intact: 0 events verified; the log is empty: no head to anchor"
+    assert json.loads(run_cli("verify", "--json").output)["head"] is None
