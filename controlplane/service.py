@@ -9,6 +9,7 @@ import structlog
 from sqlalchemy.engine import Connection
 
 from controlplane.commands import CommandBase, parse_recorded
+from controlplane.commands.refused import RefusedCommand
 from controlplane.deciding import Outcome, Prepared, decide_batch
 from controlplane.decisions import ACCEPTED, INBOX_STREAM, inbox_record, is_issued_id
 from controlplane.errors import FieldProblem, SubmissionRejected
@@ -213,7 +214,15 @@ def _prepare(store: EventStore, connection: Connection,
         else:
             # A command today's validation refuses is read as a RefusedCommand, rejected when
             # decided: failing to parse it had failed its whole batch on every retry.
-            prepared.append(Prepared(command_id, accepted, parse_recorded(accepted)))
+            command = parse_recorded(accepted)
+            if isinstance(command, RefusedCommand) and command.newer:
+                # Accepted by a newer fleetctl (a rolling upgrade): left in the inbox for a
+                # worker that knows it (`reconcile` enqueues it again), never rejected here.
+                log.error("command_from_a_newer_fleetctl", command_id=command_id,
+                          command_type=command.recorded_type, problems=command.problems)
+                done.append(Outcome(command_id, False, ()))
+                continue
+            prepared.append(Prepared(command_id, accepted, command))
     return done, prepared
 
 

@@ -20,6 +20,9 @@ from events.model import RecordedEvent
 
 REFUSED_COMMAND = "RefusedCommand"
 MAX_PROBLEMS = 5
+# pydantic's error types for what only a newer version writes: a command type, or a field,
+# this one does not know (submit refuses both, in every version).
+NEWER_WRITER = frozenset({"union_tag_invalid", "extra_forbidden"})
 
 
 class RefusedCommand(CommandBase):
@@ -30,13 +33,17 @@ class RefusedCommand(CommandBase):
     recorded_type: str
     recorded: dict[str, Any]
     problems: list[str]
+    # A command type or field this version does not know: a newer fleetctl accepted it (a
+    # rolling upgrade), so it is left for a worker that knows it, never rejected here.
+    newer: bool = False
 
 
 def refused_command(accepted: RecordedEvent, error: ValidationError) -> RefusedCommand:
     """The command `accepted` recorded, which today's validation refuses with `error`."""
     payload = accepted.data["command"]
+    details = error.errors(include_url=False)
     problems = [f"{'.'.join(str(part) for part in detail['loc']) or '(command)'}: "
-                f"{detail['msg']}" for detail in error.errors(include_url=False)]
+                f"{detail['msg']}" for detail in details]
     recorded_type = payload.get("type") if isinstance(payload, dict) else None
     # Built without validation: the envelope is the one recorded at acceptance, which today's
     # rules may refuse too (a command id of a form no longer allowed).
@@ -45,4 +52,5 @@ def refused_command(accepted: RecordedEvent, error: ValidationError) -> RefusedC
         actor=accepted.actor, tenant=accepted.tenant, correlation_id=accepted.correlation_id,
         recorded_type=str(recorded_type),
         recorded=payload if isinstance(payload, dict) else {"value": payload},
-        problems=problems[:MAX_PROBLEMS])
+        problems=problems[:MAX_PROBLEMS],
+        newer=any(detail["type"] in NEWER_WRITER for detail in details))

@@ -17,6 +17,7 @@ from typing import Any
 from controlplane.commands import CommandBase, parse_recorded
 from controlplane.commands.refused import RefusedCommand
 from controlplane.decisions import ACCEPTED, DecisionContext, OutsideReads
+from controlplane.errors import OperationalError
 from controlplane.handlers import OBSERVATIONS, decide_command, rules_version
 from controlplane.policy_book import PolicyBook
 from controlplane.replay.boundaries import continues_decision
@@ -196,6 +197,11 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[CommandBase, st
     `report` where it comes out differently."""
     first = group[0]
     command, accepted_id = commands.pop(first.command_id or "")
+    if isinstance(command, RefusedCommand) and command.newer:
+        raise OperationalError(
+            f"event {first.position} decides a {command.recorded_type} command this fleetctl "
+            f"does not know ({'; '.join(command.problems)}): a newer fleetctl wrote this log; "
+            "re-derive it with that version")
     decision = next((e.data for e in group if "outcome" in e.data), {})
     # Decided at the time its events were recorded at (one append: they share it), with what
     # it read from outside the log as it recorded it.

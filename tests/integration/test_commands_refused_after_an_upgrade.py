@@ -17,8 +17,9 @@ import pytest
 
 import controlplane.commands
 from controlplane.commands import command_adapter
+from controlplane.errors import OperationalError
 from controlplane.replay.verify import verify_decisions
-from controlplane.service import accept, decide
+from controlplane.service import accept, decide, pending_command_ids
 from events.store import EventStore
 from tests.cli_helpers import run_cli
 from tests.factories import register_node
@@ -80,3 +81,40 @@ def test_replay_verify_names_a_refused_command_and_exits_0(
     assert "1 of them of commands today's validation refuses" in result.output
     assert f"{TIGHTENED}: registered -> rejected" in result.output
     assert "refused by today's validation" in result.output
+
+
+def from_a_newer_fleetctl(monkeypatch: pytest.MonkeyPatch, change: dict[str, Any]) -> None:
+    """Today's version does not know what the command `TIGHTENED` holds (`change`): a newer
+    fleetctl accepted it."""
+    def today(payload: dict[str, Any]) -> Any:
+        if payload.get("command_id") == TIGHTENED:
+            return command_adapter.validate_python({**payload, **change})
+        return command_adapter.validate_python(payload)
+    monkeypatch.setattr(controlplane.commands, "parse_command", today)
+
+
+@pytest.mark.parametrize("change", [{"type": "FutureCommand"}, {"future_field": 1}],
+                         ids=["unknown-type", "unknown-field"])
+def test_a_command_a_newer_fleetctl_accepted_is_left_for_a_worker_that_knows_it(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch, change: dict[str, Any]) -> None:
+    """In a rolling upgrade an older worker may take a command only newer ones know: it must
+    not reject it for good, nor hold up the rest of its batch."""
+    ids = accept(store, [command_adapter.validate_python(p)
+                         for p in (register_node("n1"), register_node("n2"))])
+    with monkeypatch.context() as older:
+        from_a_newer_fleetctl(older, change)
+        outcomes = decide(store, ids)
+        assert [(o.decided_now, o.events) for o in outcomes][0] == (False, ())
+        assert outcomes[1].decided_now
+        assert pending_command_ids(store) == [TIGHTENED]
+    # A worker that knows it decides it.
+    assert decide(store, [TIGHTENED])[0].decided_now
+    assert decision(store, TIGHTENED).event_type == "NodeRegistered"
+
+
+def test_verify_of_a_decision_only_a_newer_fleetctl_knows_says_so(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    run(store, register_node("n1"), register_node("n2"))
+    from_a_newer_fleetctl(monkeypatch, {"type": "FutureCommand"})
+    with pytest.raises(OperationalError, match="a newer fleetctl wrote this log"):
+        verify_decisions(store)
