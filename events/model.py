@@ -135,6 +135,17 @@ class UnreadableEvent(LogError):
         self.position = position
 
 
+class NewerLog(LogError):
+    """The log holds a command of a type this version does not know: a newer fleetctl wrote
+    it, and folding it here would leave out what that command's decision did."""
+
+    def __init__(self, position: int, command_type: str) -> None:
+        super().__init__(f"event {position} accepts a {command_type!r} command, a type this "
+                         "fleetctl does not know: a newer fleetctl wrote this log; read it with "
+                         "that version")
+        self.position = position
+
+
 class UnreadableRow(LogError):
     """A stored projection row that is not a JSON object: changed outside the control plane.
     Projections are disposable: `fleetctl replay --rebuild` writes every row again from the

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.engine import Connection, RowMapping
 
 from events import driver
-from events.canonical import chain_hash, decode, encode
+from events.canonical import canonical_json, chain_hash, decode, encode
 from events.database import in_lists
 from events.model import NewEvent, RecordedEvent, UnreadableEvent
 from events.tables import events_table
@@ -24,6 +24,17 @@ HEADER_FIELDS = (
 def header_of(row: dict[str, Any] | RowMapping) -> dict[str, Any]:
     """The hashed envelope fields of a stored row (everything but data and the hashes)."""
     return {name: row[name] for name in HEADER_FIELDS}
+
+
+def as_written(event: RecordedEvent) -> bool:
+    """Whether `event`'s content still matches its own hash, as the appender wrote it: false
+    for a row edited since (`fleetctl verify` checks the whole chain). Tells an edited row
+    from one an earlier or later version of fleetctl wrote, which reads differently today."""
+    try:
+        text = canonical_json(event.data)
+    except (TypeError, ValueError):
+        return False
+    return chain_hash(event.prev_hash, header_of(event.as_dict()), text) == event.hash
 
 
 COLUMNS = tuple(column.name for column in events_table.columns)

@@ -22,7 +22,7 @@ from controlplane.cli.simulate import simulate
 from controlplane.errors import FleetError, SubmissionRejected
 from controlplane.logging import LOG_LEVEL_NAMES, configure_logging
 from controlplane.runtime import collect_garbage_less_often
-from events.model import UnreadableEvent, UnreadableRow
+from events.model import NewerLog, UnreadableEvent, UnreadableRow
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     except UnreadableEvent as error:
         fail(f"{error}; `fleetctl verify` checks whether the log was changed")
         sys.exit(3)
-    except UnreadableRow as error:
+    except (UnreadableRow, NewerLog) as error:
         fail(str(error))
         sys.exit(3)
     except SQLAlchemyError as error:

@@ -24,9 +24,10 @@ from controlplane.replay.boundaries import continues_decision
 from controlplane.replay.diff import comparable_json, key_differs
 from controlplane.replay.fold import ProgressFn
 from controlplane.replay.versions import StreamVersions
-from controlplane.state.fold import apply_event, reading
+from controlplane.state.fold import apply_event, reading, unreadable
 from events.model import RecordedEvent
 from events.projections import MemoryProjections
+from events.rows import as_written
 from events.store import EventStore
 
 
@@ -171,6 +172,11 @@ def verify_decisions(store: EventStore, policies: PolicyBook | None = None,
             if event.event_type == ACCEPTED:
                 with reading(event):
                     command = parse_recorded(event)
+                if isinstance(command, RefusedCommand) and not as_written(event):
+                    # Not a version's difference: the row was changed after it was written.
+                    raise unreadable(event, "read", ValueError(
+                        f"{'; '.join(command.problems)}, and the row no longer matches its "
+                        "hash"))
                 commands[command.command_id] = (command, event.event_id)
             if joins or (event.event_type != ACCEPTED and event.command_id in commands
                          and event.event_type not in OBSERVATIONS):

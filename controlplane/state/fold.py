@@ -9,12 +9,14 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from controlplane.commands import COMMAND_TYPES
 from controlplane.decisions import ACCEPTED
 from controlplane.discovery import domain_modules
 from controlplane.state import memory
 from controlplane.state.base import Projector
-from events.model import RecordedEvent, UnreadableEvent
+from events.model import NewerLog, RecordedEvent, UnreadableEvent
 from events.projections import StateStore, StateView
+from events.rows import as_written
 
 PENDING = "pending"
 # Every named thing the fleet knows (`node/n1`, `pool/p`, …): what command references resolve to.
@@ -22,8 +24,19 @@ ENTITY = "entity"
 MEMORY_FIT = memory.MEMORY_FIT
 
 
+KNOWN_COMMAND_TYPES = frozenset(COMMAND_TYPES)
+
+
 def _accepted(state: StateStore, event: RecordedEvent) -> None:
     command = event.data["command"]
+    if command["type"] not in KNOWN_COMMAND_TYPES:
+        if not as_written(event):  # not a newer version's: the row was changed since
+            raise unreadable(event, "folded", ValueError(
+                f"unknown command type {command['type']!r}, and the row no longer matches its "
+                "hash"))
+        # Its decision's events would fold as nothing here, silently (a principal restored
+        # would still show revoked): this version cannot rebuild such a log's state.
+        raise NewerLog(event.position, command["type"])
     state.put(PENDING, command["command_id"], {"type": command["type"],
                                                "accepted_position": event.position,
                                                "creates": event.data.get("creates", [])})

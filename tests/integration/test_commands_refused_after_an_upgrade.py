@@ -19,7 +19,9 @@ import controlplane.commands
 from controlplane.commands import command_adapter
 from controlplane.errors import OperationalError
 from controlplane.replay.verify import verify_decisions
+from controlplane.runtime import open_store
 from controlplane.service import accept, decide, pending_command_ids
+from events.model import NewEvent, StreamAppend, derived_event_id
 from events.store import EventStore
 from tests.cli_helpers import run_cli
 from tests.factories import register_node
@@ -118,3 +120,27 @@ def test_verify_of_a_decision_only_a_newer_fleetctl_knows_says_so(
     from_a_newer_fleetctl(monkeypatch, {"type": "FutureCommand"})
     with pytest.raises(OperationalError, match="a newer fleetctl wrote this log"):
         verify_decisions(store)
+
+
+def test_replay_and_status_at_refuse_a_log_holding_a_command_type_they_do_not_know(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A newer fleetctl's command (here `FutureCommand`) decided with events this version has no
+    projector for: folded here, they had changed nothing, silently (a principal it restored
+    still showed revoked)."""
+    monkeypatch.delenv("FLEET_REDIS_URL", raising=False)
+    store = open_store(sqlite_url)
+    run(store, register_node("n1"))
+    future = NewEvent(event_id=derived_event_id("f1", "accepted"), event_type="CommandAccepted",
+                      data={"command": {"type": "FutureCommand", "command_id": "f1"},
+                            "creates": []},
+                      occurred_at="2026-11-30T12:00:00Z", command_id="f1")
+    store.append([StreamAppend("inbox", None, [future])])
+    position = store.head()[0]
+    store.engine.dispose()
+    for args in (["replay"], ["status", "--at", str(position)], ["replay", "--verify"]):
+        result = run_cli(*args)
+        assert result.exit_code == 3, (args, result.stderr)
+        assert result.stderr == (
+            f"error: event {position} accepts a 'FutureCommand' command, a type this fleetctl "
+            "does not know: a newer fleetctl wrote this log; read it with that version\n")
+    assert run_cli("status", "--at", str(position - 1)).exit_code == 0
