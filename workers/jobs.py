@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Annotated, Any
@@ -52,6 +53,8 @@ def decide_commands(command_ids: list[str]) -> dict[str, Any]:
     bound = log.bind(job_pid=os.getpid(), batch_size=len(command_ids),
                      job_id=job.id if job is not None else None)
     settings = Settings.from_env()
+    if job is not None and job.origin:  # follow-ups go to the queue this job came from
+        settings = dataclasses.replace(settings, queues=(job.origin,))
 
     def enqueue_follow_ups(ids: list[str]) -> None:
         if job is not None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis import Redis
+from redis.exceptions import RedisError
 
 from controlplane.commands import CommandBase
 from controlplane.errors import OperationalError
@@ -15,8 +16,9 @@ from controlplane.service import Outcome, accept, pending_command_ids, unfinishe
 from controlplane.settings import Settings
 from events.store import EventStore
 from workers.connections import connect, probe, queue_connection, redis_url_in_use
-from workers.queue import command_queue, enqueue_commands, resumes
+from workers.queue import command_queue, enqueue_commands, not_in_a_job, resumes
 from workers.runner import work
+from workers.stranded import Inbox
 
 
 @dataclass(frozen=True)
@@ -115,12 +117,21 @@ def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase
     accepted = accept(store, commands, lines)
     undecided = _with_undecided_resubmissions(store, commands, accepted)
     if unreachable is not None:
-        raise OperationalError(
-            f"{unreachable}; {len(undecided)} command(s) are recorded in the inbox, undecided: "
-            "once Redis answers, `fleetctl reconcile` (or submitting again) enqueues them")
-    job_ids = enqueue_commands(connection, settings, undecided)
+        raise _recorded_undecided(str(unreachable), len(undecided))
+    try:
+        job_ids = enqueue_commands(connection, settings, undecided)
+    except RedisError as error:  # it answered the probe, then refused (out of memory, say)
+        raise _recorded_undecided(f"Redis failure: {type(error).__name__}: {error}",
+                                  len(undecided)) from None
     ran = _run_embedded_if_needed(settings, connection, deadline)
     return Submitted(accepted, job_ids, ran)
+
+
+def _recorded_undecided(problem: str, count: int) -> OperationalError:
+    """The error for commands recorded in the inbox that could not be enqueued."""
+    return OperationalError(
+        f"{problem}; {count} command(s) are recorded in the inbox, undecided: once Redis "
+        "answers, `fleetctl reconcile` (or submitting again) enqueues them")
 
 
 def _with_undecided_resubmissions(store: EventStore, commands: Sequence[CommandBase],
@@ -134,12 +145,27 @@ def _with_undecided_resubmissions(store: EventStore, commands: Sequence[CommandB
     return [*accepted, *(c for c in submitted if c in pending and c not in fresh)]
 
 
+def undecided_ids(store: EventStore) -> list[str]:
+    """Every accepted command that has no decision, then every decided one whose resumable
+    effects are undone (a worker died after deciding it): what a reconcile enqueues."""
+    return list(dict.fromkeys([*pending_command_ids(store), *unfinished_command_ids(store)]))
+
+
+def inbox_for(settings: Settings, store: EventStore) -> Inbox:
+    """The inbox as a serving worker sweeps it for stranded commands (`workers.stranded`)."""
+    return Inbox(lambda: undecided_ids(store),
+                 lambda connection, ids: enqueue_commands(connection, settings, ids))
+
+
 def reconcile(settings: Settings, store: EventStore, deadline: float | None = None) -> Submitted:
     """Re-enqueue every accepted command that has no decision (after Redis lost its queue), and
-    every decided one whose resumable effects are undone (a worker died after deciding it).
-    On the embedded queue the work runs here, until `deadline` if given."""
-    pending = list(dict.fromkeys([*pending_command_ids(store), *unfinished_command_ids(store)]))
+    every decided one whose resumable effects are undone (a worker died after deciding it),
+    but those whose job is still queued or running. On the embedded queue the work runs here,
+    until `deadline` if given."""
     connection = connect(settings)
+    # A batch whose job is still queued or running is left to it (a worker's start, with a
+    # backlog queued, had enqueued all of it once more).
+    pending = not_in_a_job(connection, settings, undecided_ids(store))
     job_ids = enqueue_commands(connection, settings, pending)
     ran = _run_embedded_if_needed(settings, connection, deadline)
     return Submitted(pending, job_ids, ran)

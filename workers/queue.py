@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from redis import Redis
 from rq import Queue, Retry, Worker
 from rq.job import Job
+from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from controlplane.settings import Settings
@@ -76,12 +77,26 @@ def resumes(job_id: str) -> bool:
     return job_id.startswith(f"{RESUME}-")
 
 
+def in_batches(command_ids: Sequence[str], size: int) -> list[list[str]]:
+    """`command_ids` in order, in batches of at most `size`: a job each."""
+    return [list(command_ids[i:i + size]) for i in range(0, len(command_ids), size)]
+
+
+def not_in_a_job(connection: Redis, settings: Settings, command_ids: Sequence[str]) -> list[str]:
+    """`command_ids` but those of batches whose job (as `enqueue_commands` would name it) is
+    still queued or running: enqueued again, it would be delivered, and its commands read,
+    once more. (Every batch but the last is full, so what is left batches as it did.)"""
+    queue = command_queue(connection, settings.command_queue)
+    present = {*queue.get_job_ids(), *StartedJobRegistry(queue=queue).get_job_ids()}
+    return [command_id for batch in in_batches(command_ids, settings.batch_size)
+            if batch_job_id(queue.name, batch) not in present for command_id in batch]
+
+
 def enqueue_commands(connection: Redis, settings: Settings, command_ids: Sequence[str],
                      kind: str = "decide") -> list[str]:
     """Enqueue `command_ids` in batches of `settings.batch_size`; returns the job ids."""
     queue = command_queue(connection, settings.command_queue)
-    batches = [list(command_ids[i:i + settings.batch_size])
-               for i in range(0, len(command_ids), settings.batch_size)]
+    batches = in_batches(command_ids, settings.batch_size)
     jobs = [
         Queue.prepare_data(
             DECIDE_JOB, args=(batch,), job_id=batch_job_id(queue.name, batch, kind),

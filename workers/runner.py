@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -19,6 +20,7 @@ from redis.exceptions import RedisError
 from rq import Queue, SimpleWorker, Worker
 from rq.exceptions import StopRequested
 from rq.job import Job
+from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 from sqlalchemy.exc import SQLAlchemyError
@@ -27,6 +29,7 @@ from controlplane.errors import OperationalError
 from controlplane.runtime import collect_garbage_less_often
 from workers.outage import LostQueueWatch, mark_queue
 from workers.queue import command_queue, disarm, job_problem
+from workers.stranded import Inbox, StrandedCommandsWatch
 
 log = structlog.get_logger(__name__)
 # A retried job whose back-off has ended is put back on its queue within about this long.
@@ -104,17 +107,19 @@ class FleetWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, Worker):
     at most RQ's lock lifetime (about a minute); `reconcile` recovers their commands regardless.
 
     From the same heartbeat it notices a Redis that came back empty (`LostQueueWatch`) and
-    calls `on_queue_lost` (the CLI reconciles the inbox), then registers itself again.
+    calls `on_queue_lost` (the CLI reconciles the inbox), then registers itself again; and
+    enqueues again commands of `inbox` that no job will decide (`StrandedCommandsWatch`).
     """
 
     def __init__(self, *args: Any, on_queue_lost: Callable[[], object] | None = None,
-                 **kwargs: Any) -> None:
+                 inbox: Inbox | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._retries_checked_at = 0.0
         self._owner_pid = os.getpid()
         self._retry_scheduler: RQScheduler | None = None
         self._lost_queue = LostQueueWatch(self.connection, self.queues[0].name, self.name,
                                           on_queue_lost)
+        self._stranded = StrandedCommandsWatch(self.connection, self.queues, inbox)
 
     @property
     def dequeue_timeout(self) -> int:
@@ -133,6 +138,7 @@ class FleetWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, Worker):
             self.deliver_due_retries()
             if self._lost_queue.check():
                 self._register_again()
+            self._stranded.check()
 
     def _register_again(self) -> None:
         """Redis lost this worker's registration with the queue: appear in `rq info` again."""
@@ -203,32 +209,71 @@ def work(connection: Redis, queues: Sequence[str], burst: bool, forking: bool,
     return bool(worker.work(burst=burst, max_jobs=max_jobs, logging_level="WARNING"))
 
 
-def drain(connection: Redis, queues: Sequence[str]) -> bool:
-    """Run a forking worker until the queues are empty: True; False when SIGTERM or SIGINT
-    stopped it first (RQ's warm shutdown: the job in hand was finished, the rest left queued)."""
-    worker = _worker(connection, queues, forking=True)
-    try:
-        worker.work(burst=True, logging_level="WARNING")
-    except StopRequested:  # a signal between RQ's loop and its teardown
-        return False
-    finally:  # RQ's handlers would raise StopRequested from wherever this process is next
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    return worker._shutdown_requested_date is None  # RQ's mark of a warm shutdown
+@dataclass(frozen=True)
+class Drained:
+    """How a burst run ended: `stopped` by SIGTERM or SIGINT before the queues were empty,
+    and the ids of the jobs that failed for good during it (their commands undecided)."""
+
+    stopped: bool
+    failed_job_ids: list[str]
+
+
+def drain(connection: Redis, queues: Sequence[str]) -> Drained:
+    """Run forking workers until the queues are empty and no job waits for a retry.
+
+    RQ's burst worker stops once the queues are empty, leaving a job that failed parked for
+    its retry's back-off: it exited as if done, the job's commands undecided. Here each due
+    retry is delivered and worked too; a job out of retries is reported as failed. SIGTERM or
+    SIGINT stop it (RQ's warm shutdown: the job in hand is finished, the rest left queued).
+    """
+    queue_objects = [command_queue(connection, name) for name in queues]
+    failed_before = {job_id for queue in queue_objects
+                     for job_id in FailedJobRegistry(queue=queue).get_job_ids()}
+    while True:
+        worker = _worker(connection, queues, forking=True)
+        try:
+            worker.work(burst=True, logging_level="WARNING")
+        except StopRequested:  # a signal between RQ's loop and its teardown
+            return Drained(True, [])
+        finally:  # RQ's handlers would raise StopRequested from wherever this process is next
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if worker._shutdown_requested_date is not None:  # RQ's mark of a warm shutdown
+            return Drained(True, [])
+        if not _retries_waiting(worker, queue_objects):
+            break
+    failed = [job_id for queue in queue_objects
+              for job_id in FailedJobRegistry(queue=queue).get_job_ids()
+              if job_id not in failed_before]
+    return Drained(False, failed)
+
+
+def _retries_waiting(worker: Worker | SimpleWorker, queues: Sequence[Queue]) -> bool:
+    """Whether a job waits for a retry: wait until one is due and deliver it (True), or False."""
+    while any(ScheduledJobRegistry(queue=queue).count  # type: ignore[no-untyped-call]
+              for queue in queues):
+        assert isinstance(worker, FleetWorker)
+        time.sleep(RETRY_POLL_SECONDS)
+        worker._retries_checked_at = 0.0  # deliver now, whatever the last heartbeat did
+        worker.deliver_due_retries()
+        if any(queue.count for queue in queues):
+            return True
+    return False
 
 
 def _worker(connection: Redis, queues: Sequence[str], forking: bool,
-            on_queue_lost: Callable[[], object] | None = None) -> Worker | SimpleWorker:
+            on_queue_lost: Callable[[], object] | None = None,
+            inbox: Inbox | None = None) -> Worker | SimpleWorker:
     collect_garbage_less_often()
     queue_objects = [command_queue(connection, name) for name in queues]
     if forking:
         return FleetWorker(queue_objects, connection=connection, serializer=JSONSerializer,
-                           on_queue_lost=on_queue_lost)
+                           on_queue_lost=on_queue_lost, inbox=inbox)
     return FleetSimpleWorker(queue_objects, connection=connection, serializer=JSONSerializer)
 
 
 def serve(connect: Callable[[], Redis], queues: Sequence[str],
-          on_reconnect: Callable[[], object]) -> None:
+          on_reconnect: Callable[[], object], inbox: Inbox | None = None) -> None:
     """Run a forking worker until it is asked to stop, outliving a Redis that goes away.
 
     RQ's worker rides out a Redis outage in its dequeue loop, but quits when Redis fails
@@ -247,7 +292,8 @@ def serve(connect: Callable[[], Redis], queues: Sequence[str],
     mark_queue(connection, queues[0])
     delay = RECONNECT_FIRST_SECONDS
     while True:
-        worker = _worker(connection, queues, forking=True, on_queue_lost=on_reconnect)
+        worker = _worker(connection, queues, forking=True, on_queue_lost=on_reconnect,
+                         inbox=inbox)
         started = time.monotonic()
         try:
             worker.work(burst=False, logging_level="WARNING")

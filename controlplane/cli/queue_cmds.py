@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,10 +25,11 @@ from events.database import migrate
 from events.store import EventStore
 from workers.connections import connect, redis_url_in_use
 from workers.outage import mark_queue
-from workers.pipeline import EMBEDDED_HINT, wait_for_decisions
+from workers.pipeline import EMBEDDED_HINT, Submitted, inbox_for, wait_for_decisions
 from workers.pipeline import reconcile as reconcile_pending
 from workers.pipeline import submit as submit_commands
-from workers.runner import EmbeddedRedisServer, drain, serve
+from workers.runner import SUPERVISOR_ENV, EmbeddedRedisServer, drain, serve
+from workers.stranded import sweep_seconds
 from workers.supervision import StopSignals, UpFile, WorkerProcesses
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
@@ -158,12 +161,18 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
     """
     settings, store = settings_and_store()
     _catalog_readable()
-    queues = queue_names or settings.queues
+    sweep_seconds()  # checked before anything runs
+    if queue_names:  # what it enqueues (a reconcile, follow-ups) goes to the queues it serves
+        settings = dataclasses.replace(settings, queues=queue_names)
+    queues = settings.queues
     url = redis_url_in_use(settings)
     if not burst and url is not None:
         # Before the reconcile: a Redis that loses its data after it is noticed (workers.outage).
         mark_queue(connect(settings), queues[0])
-    reconciled = reconcile_pending(settings, store)
+    # A supervised worker's supervisor reconciled before starting it: each of N doing it again
+    # had enqueued the whole backlog N more times.
+    supervised = url is not None and os.environ.get(SUPERVISOR_ENV) is not None
+    reconciled = Submitted([], [], False) if supervised else reconcile_pending(settings, store)
     if url is None:
         if as_json:
             announce({"queue": "embedded", "re_enqueued": len(reconciled.accepted_ids),
@@ -177,10 +186,17 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
     if processes > 1:
         _supervise_workers(ctx, processes, url, queues, burst, settings.stop_grace_seconds)
     elif burst:
-        if not drain(connect(settings), queues):
+        drained = drain(connect(settings), queues)
+        if drained.stopped:
             _interrupted(ctx)
+        if drained.failed_job_ids:  # out of retries: their commands are still in the inbox
+            raise OperationalError(
+                f"{len(drained.failed_job_ids)} job(s) failed after every retry (the first: "
+                f"{drained.failed_job_ids[0]}; the worker log says why); their commands stay "
+                "in the inbox, undecided: `fleetctl reconcile` enqueues them again")
     else:  # through a lost Redis: wait for it, reconcile (it may be back empty), go on
-        serve(lambda: connect(settings), queues, lambda: reconcile_pending(settings, store))
+        serve(lambda: connect(settings), queues, lambda: reconcile_pending(settings, store),
+              inbox_for(settings, store))
 
 
 def _supervise_workers(ctx: click.Context, count: int, url: str, queues: tuple[str, ...],
@@ -266,6 +282,10 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
     with server, up_file.advertised(server.url), \
             WorkerProcesses(server.url, settings.queues, False,
                             settings.stop_grace_seconds) as children:
+        # Once, here: the workers it supervises do not (their queue is new, and empty).
+        served = dataclasses.replace(settings, redis_url=server.url)
+        mark_queue(connect(served), settings.queues[0])
+        reconcile_pending(served, store)
         children.start(worker_count)
         path = up_file.path
         # Only a SQLite database has an up-file that `submit` finds by itself.

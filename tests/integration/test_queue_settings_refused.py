@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 from redis.connection import parse_url
+from redis.exceptions import OutOfMemoryError
 
+import workers.pipeline
 from controlplane.errors import InputError
 from controlplane.runtime import open_store
 from controlplane.settings import Settings, checked_redis_url
@@ -177,6 +179,20 @@ def test_a_submit_to_an_unreachable_redis_says_its_commands_wait_in_the_inbox(
     assert "command(s) are recorded in the inbox, undecided" in result.stderr
     assert "`fleetctl reconcile`" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_redis_that_answers_then_refuses_the_enqueue_says_the_commands_wait_in_the_inbox(
+        commands: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: "Redis failure: OutOfMemoryError", not a word about the recorded commands.
+    def refused(*_: object, **__: object) -> list[str]:
+        raise OutOfMemoryError("command not allowed when used memory > 'maxmemory'")
+
+    monkeypatch.setattr(workers.pipeline, "enqueue_commands", refused)
+    result = run_cli("submit", str(commands))
+    assert result.exit_code == 3
+    assert result.stderr.startswith("error: Redis failure: OutOfMemoryError: command not allowed")
+    assert "1 command(s) are recorded in the inbox, undecided" in result.stderr
+    assert events_in(database_file(tmp_path)) == 1
 
 
 @pytest.mark.parametrize("command", [("worker", "--burst"), ("up", "--workers", "0"),
