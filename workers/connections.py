@@ -20,17 +20,30 @@ def embedded_server() -> fakeredis.FakeServer:
     return fakeredis.FakeServer()
 
 
+# Where a `fleetctl up` says, in the Redis it serves, which database it serves.
+UP_DATABASE_KEY = "fleet:up:database"
+
+
+def up_database(settings: Settings) -> str:
+    """How `up` names its database in the Redis it serves: the SQLite file, resolved."""
+    return str(settings.sqlite_path.resolve()) if settings.sqlite_path is not None else ""
+
+
 def advertised_up_url(settings: Settings) -> str | None:
-    """The loopback URL of a running `fleetctl up` for this database, if one answers."""
+    """The loopback URL of a running `fleetctl up` for this database, if one answers there and
+    says it serves this database: a file left by an `up` killed with SIGKILL can name a port
+    another `up`, of another database, serves by now (its jobs would have gone there)."""
     path = settings.up_file
     if path is None or not path.exists():
         return None
     try:
         url = str(json.loads(path.read_text())["redis_url"])
-        Redis.from_url(url, socket_connect_timeout=0.5).ping()
+        served = Redis.from_url(url, socket_connect_timeout=0.5).get(UP_DATABASE_KEY)
     except (OSError, ValueError, KeyError, Exception):
         return None
-    return url
+    if isinstance(served, bytes):
+        served = served.decode()
+    return url if served == up_database(settings) else None
 
 
 def redis_url_in_use(settings: Settings) -> str | None:

@@ -23,7 +23,7 @@ from controlplane.settings import MAX_WORKER_PROCESSES, Settings, checked_queue_
 from controlplane.submission import MAX_SUBMISSION_BYTES, read_submission
 from events.database import migrate
 from events.store import EventStore
-from workers.connections import connect, redis_url_in_use
+from workers.connections import UP_DATABASE_KEY, connect, redis_url_in_use, up_database
 from workers.outage import mark_queue
 from workers.pipeline import EMBEDDED_HINT, Submitted, inbox_for, wait_for_decisions
 from workers.pipeline import reconcile as reconcile_pending
@@ -279,24 +279,34 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
     except OSError as error:
         raise OperationalError(f"cannot serve the embedded Redis on 127.0.0.1:{port}: "
                                f"{error.strerror or error}") from None
-    with server, up_file.advertised(server.url), \
-            WorkerProcesses(server.url, settings.queues, False,
-                            settings.stop_grace_seconds) as children:
-        # Once, here: the workers it supervises do not (their queue is new, and empty).
+    with server:
+        # Which database it serves, said before the up-file advertises it (`advertised_up_url`).
         served = dataclasses.replace(settings, redis_url=server.url)
-        mark_queue(connect(served), settings.queues[0])
-        reconcile_pending(served, store)
-        children.start(worker_count)
-        path = up_file.path
-        # Only a SQLite database has an up-file that `submit` finds by itself.
-        reach = ("`fleetctl submit` here reaches them (or export FLEET_REDIS_URL={url})"
-                 if path is not None else "export FLEET_REDIS_URL={url} for `fleetctl submit` "
-                 "to reach them")
-        announce({"redis_url": server.url, "workers": worker_count,
-                  "up_file": None if path is None else str(path)}, as_json,
-                 lambda r: f"serving the embedded Redis at {r['redis_url']} with "
-                           f"{r['workers']} worker(s); " + reach.format(url=r["redis_url"]))
-        children.supervise(stop)
+        connection = connect(served)
+        connection.set(UP_DATABASE_KEY, up_database(settings))
+        with up_file.advertised(server.url), \
+                WorkerProcesses(server.url, settings.queues, False,
+                                settings.stop_grace_seconds) as children:
+            # Once, here: the workers it supervises do not (their queue is new, and empty).
+            mark_queue(connection, settings.queues[0])
+            reconcile_pending(served, store)
+            _serve_up(children, worker_count, up_file, server.url, as_json, stop)
+
+
+def _serve_up(children: WorkerProcesses, worker_count: int, up_file: UpFile, url: str,
+              as_json: bool, stop: StopSignals) -> None:
+    """Start `up`'s workers, announce where it serves, and supervise them until stopped."""
+    children.start(worker_count)
+    path = up_file.path
+    # Only a SQLite database has an up-file that `submit` finds by itself.
+    reach = ("`fleetctl submit` here reaches them (or export FLEET_REDIS_URL={url})"
+             if path is not None else "export FLEET_REDIS_URL={url} for `fleetctl submit` "
+             "to reach them")
+    announce({"redis_url": url, "workers": worker_count,
+              "up_file": None if path is None else str(path)}, as_json,
+             lambda r: f"serving the embedded Redis at {r['redis_url']} with "
+                       f"{r['workers']} worker(s); " + reach.format(url=r["redis_url"]))
+    children.supervise(stop)
 
 
 @click.command()
