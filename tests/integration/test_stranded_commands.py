@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import fakeredis
 import pytest
@@ -103,9 +104,7 @@ def test_a_serving_worker_decides_accepted_commands_no_job_points_at(
         sqlite_url: str, real_redis: Redis, processes: list[subprocess.Popen[str]]) -> None:
     """As after Redis came back from a snapshot that had the queue's marker but not the job."""
     store = open_store(sqlite_url)
-    env = fleetctl_environment(sqlite_url, FLEET_REDIS_URL=os.environ["FLEET_REDIS_URL"],
-                               FLEET_QUEUE=os.environ["FLEET_QUEUE"], FLEET_SWEEP_SECONDS="1")
-    worker = start_fleetctl("worker", env=env)
+    worker = start_fleetctl("worker", env=worker_env(sqlite_url, FLEET_SWEEP_SECONDS="1"))
     processes.append(worker)
     queue = command_queue(real_redis, os.environ["FLEET_QUEUE"])
     wait_until(lambda: bool(Worker.all(queue=queue)), 60, "the worker to serve")
@@ -115,6 +114,29 @@ def test_a_serving_worker_decides_accepted_commands_no_job_points_at(
     stderr, _ = stop_and_wait(worker)
     assert "stranded_commands_enqueued" in stderr
     store.engine.dispose()
+
+
+def worker_env(sqlite_url: str, **extra: str) -> dict[str, str]:
+    """A `fleetctl worker` environment on the test's Redis and queue."""
+    return fleetctl_environment(sqlite_url, FLEET_REDIS_URL=os.environ["FLEET_REDIS_URL"],
+                                FLEET_QUEUE=os.environ["FLEET_QUEUE"], **extra)
+
+
+def burst(sqlite_url: str, *args: str) -> tuple[int, str]:
+    """`fleetctl worker --burst ARGS` run to its end: (exit code, stderr)."""
+    run = start_fleetctl("worker", "--burst", *args, env=worker_env(sqlite_url))
+    _, stderr = run.communicate(timeout=120)
+    return run.returncode, stderr
+
+
+@contextmanager
+def other_queue(redis: Redis) -> Iterator[str]:
+    """A queue besides the test's (FLEET_QUEUE), removed after."""
+    name = f"{os.environ['FLEET_QUEUE']}-b"
+    try:
+        yield name
+    finally:
+        forget_everything_of(redis, name)
 
 
 def failing_job(redis: Redis) -> str:
@@ -137,11 +159,8 @@ def test_a_burst_worker_whose_job_failed_for_good_exits_3(
         sqlite_url: str, real_redis: Redis) -> None:
     open_store(sqlite_url).engine.dispose()
     failing_job(real_redis)
-    env = fleetctl_environment(sqlite_url, FLEET_REDIS_URL=os.environ["FLEET_REDIS_URL"],
-                               FLEET_QUEUE=os.environ["FLEET_QUEUE"])
-    run = start_fleetctl("worker", "--burst", env=env)
-    _, stderr = run.communicate(timeout=120)
-    assert run.returncode == 3, stderr
+    exit_code, stderr = burst(sqlite_url)
+    assert exit_code == 3, stderr
     assert stderr.splitlines()[-1].startswith("error: 1 job(s) failed after every retry")
 
 
@@ -149,42 +168,30 @@ def test_follow_up_commands_go_to_the_queue_their_job_came_from(
         sqlite_url: str, real_redis: Redis) -> None:
     """A scale-up's placements, issued by a job on `other`, are decided by the worker serving
     `other`: they had gone to FLEET_QUEUE, which nobody served."""
-    other = f"{os.environ['FLEET_QUEUE']}-b"
     store = open_store(sqlite_url)
     ids = accept(store, [command_adapter.validate_python(p) for p in
                          [*fleet("r1"), observe("spike", 10, arrival=250.0)]])
-    enqueue_commands(real_redis, Settings(queues=(other,)), ids)
-    env = fleetctl_environment(sqlite_url, FLEET_REDIS_URL=os.environ["FLEET_REDIS_URL"],
-                               FLEET_QUEUE=os.environ["FLEET_QUEUE"])
-    try:
-        run = start_fleetctl("worker", "--queues", other, "--burst", env=env)
-        _, stderr = run.communicate(timeout=120)
-        assert run.returncode == 0, stderr
-        issued = [e.command_id for e in store.read_all() if e.event_type == "CommandAccepted"
-                  and e.command_id and e.command_id.startswith("spike:place:")]
-        assert len(issued) == 2  # demand 3 replicas, one ready
-        assert pending_command_ids(store) == []
-    finally:
-        forget_everything_of(real_redis, other)
-        store.engine.dispose()
+    with other_queue(real_redis) as other:
+        enqueue_commands(real_redis, Settings(queues=(other,)), ids)
+        exit_code, stderr = burst(sqlite_url, "--queues", other)
+    assert exit_code == 0, stderr
+    issued = [e.command_id for e in store.read_all() if e.event_type == "CommandAccepted"
+              and e.command_id and e.command_id.startswith("spike:place:")]
+    assert len(issued) == 2  # demand 3 replicas, one ready
+    assert pending_command_ids(store) == []
+    store.engine.dispose()
 
 
 def test_a_worker_serving_other_queues_reconciles_onto_them(
         sqlite_url: str, real_redis: Redis) -> None:
-    other = f"{os.environ['FLEET_QUEUE']}-b"
     store = open_store(sqlite_url)
     accept(store, [command_adapter.validate_python(assess_memory(f"b{i}")) for i in range(3)])
-    env = fleetctl_environment(sqlite_url, FLEET_REDIS_URL=os.environ["FLEET_REDIS_URL"],
-                               FLEET_QUEUE=os.environ["FLEET_QUEUE"])
-    try:
-        run = start_fleetctl("worker", "--queues", other, "--burst", env=env)
-        _, stderr = run.communicate(timeout=120)
-        assert run.returncode == 0, stderr
-        assert pending_command_ids(store) == []  # reconciled onto `other`, and decided there
-        assert command_queue(real_redis, os.environ["FLEET_QUEUE"]).count == 0
-    finally:
-        forget_everything_of(real_redis, other)
-        store.engine.dispose()
+    with other_queue(real_redis) as other:
+        exit_code, stderr = burst(sqlite_url, "--queues", other)
+    assert exit_code == 0, stderr
+    assert pending_command_ids(store) == []  # reconciled onto `other`, and decided there
+    assert command_queue(real_redis, os.environ["FLEET_QUEUE"]).count == 0
+    store.engine.dispose()
 
 
 def test_a_reconcile_leaves_a_batch_whose_job_is_still_queued(
