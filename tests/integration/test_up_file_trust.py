@@ -2,12 +2,14 @@
 
 An `up` killed with SIGKILL leaves its up-file; another `up`, of another database, may serve
 that port by now. It answered the ping, so this database's jobs went to workers of the other
-database, which skipped every command as unknown.
+database, which skipped every command as unknown. (The Redis named here is the test's real
+one, standing for the Redis the file names.)
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,29 +18,32 @@ from redis import Redis
 
 from controlplane.settings import Settings
 from workers.connections import UP_DATABASE_KEY, advertised_up_url, up_database
-from workers.runner import EmbeddedRedisServer
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[Settings, EmbeddedRedisServer]]:
+def advertised(tmp_path: Path, real_redis: Redis) -> Iterator[tuple[Settings, str]]:
+    """Settings of a SQLite database whose up-file names the test's Redis."""
+    url = os.environ["FLEET_REDIS_URL"]
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'fleet.db'}")
-    with EmbeddedRedisServer() as server:
-        assert settings.up_file is not None
-        settings.up_file.write_text(json.dumps({"redis_url": server.url, "pid": 1}))
-        yield settings, server
+    assert settings.up_file is not None
+    settings.up_file.write_text(json.dumps({"redis_url": url, "pid": 1}))
+    real_redis.delete(UP_DATABASE_KEY)
+    yield settings, url
+    real_redis.delete(UP_DATABASE_KEY)
 
 
 def test_the_up_of_this_database_is_followed(
-        served: tuple[Settings, EmbeddedRedisServer]) -> None:
-    settings, server = served
-    Redis.from_url(server.url).set(UP_DATABASE_KEY, up_database(settings))
-    assert advertised_up_url(settings) == server.url
+        advertised: tuple[Settings, str], real_redis: Redis) -> None:
+    settings, url = advertised
+    real_redis.set(UP_DATABASE_KEY, up_database(settings))
+    assert advertised_up_url(settings) == url
 
 
 @pytest.mark.parametrize("says", [None, "/elsewhere/other.db"], ids=["nothing", "another"])
 def test_an_up_file_naming_a_redis_that_serves_another_database_is_not_followed(
-        served: tuple[Settings, EmbeddedRedisServer], says: str | None) -> None:
-    settings, server = served
+        advertised: tuple[Settings, str], real_redis: Redis, says: str | None) -> None:
+    settings, _ = advertised
     if says is not None:
-        Redis.from_url(server.url).set(UP_DATABASE_KEY, says)
-    assert advertised_up_url(settings) is None  # decided here instead, or by this database's
+        real_redis.set(UP_DATABASE_KEY, says)
+    assert real_redis.ping()  # it answers: only what it says it serves turns the file down
+    assert advertised_up_url(settings) is None
