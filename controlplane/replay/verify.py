@@ -208,7 +208,10 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[CommandBase, st
             f"event {first.position} decides a {command.recorded_type} command this fleetctl "
             f"does not know ({'; '.join(command.problems)}): a newer fleetctl wrote this log; "
             "re-derive it with that version")
-    decision = next((e.data for e in group if "outcome" in e.data), {})
+    decided = next((e for e in group if "outcome" in e.data), None)
+    decision = decided.data if decided is not None else {}
+    if decided is not None:
+        _refuse_newer_rules(decided, command, decision.get("rules_version", 1))
     # Decided at the time its events were recorded at (one append: they share it), with what
     # it read from outside the log as it recorded it.
     context = DecisionContext(state, first.position - 1, versions.before(group), policies,
@@ -237,6 +240,24 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[CommandBase, st
                                    version if type(version) is int else 1,
                                    rules_version(command.command_type),
                                    isinstance(command, RefusedCommand)))
+
+
+def _refuse_newer_rules(decided: RecordedEvent, command: CommandBase, recorded: Any) -> None:
+    """OperationalError when the decision `decided` records was made under rules newer than this
+    version's (a newer fleetctl wrote the log): re-derived here it would differ, and be
+    reported as a decision today's rules cannot reproduce. An edited version is named as an
+    edit (the row no longer matches its hash)."""
+    current = rules_version(command.command_type)
+    if type(recorded) is not int or recorded <= current or isinstance(command, RefusedCommand):
+        return
+    if not as_written(decided):
+        raise unreadable(decided, "read", ValueError(
+            f"rules version {recorded}, newer than this fleetctl's {current}, and the row no "
+            "longer matches its hash"))
+    raise OperationalError(
+        f"event {decided.position} was decided under rules version {recorded} of "
+        f"{command.command_type}, newer than this fleetctl's {current}: a newer fleetctl "
+        "wrote this log; re-derive it with that version")
 
 
 def _unversioned(data: dict[str, Any]) -> dict[str, Any]:

@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 
 import controlplane.commands
+import controlplane.replay.verify
 from controlplane.commands import command_adapter
 from controlplane.errors import OperationalError
 from controlplane.replay.verify import verify_decisions
 from controlplane.runtime import open_store
 from controlplane.service import accept, decide, pending_command_ids
-from events.model import NewEvent, StreamAppend, derived_event_id
+from events.model import NewEvent, StreamAppend, UnreadableEvent, derived_event_id
 from events.store import EventStore
 from tests.cli_helpers import run_cli
 from tests.factories import register_node
@@ -144,3 +146,26 @@ def test_replay_and_status_at_refuse_a_log_holding_a_command_type_they_do_not_kn
             f"error: event {position} accepts a 'FutureCommand' command, a type this fleetctl "
             "does not know: a newer fleetctl wrote this log; read it with that version\n")
     assert run_cli("status", "--at", str(position - 1)).exit_code == 0
+
+
+def test_verify_of_a_decision_under_newer_rules_than_its_own_says_a_newer_fleetctl_wrote_it(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Before: reported as a decision today's rules cannot reproduce (exit 1), a false alarm.
+    run(store, register_node("n1"))
+    recorded = decision(store, "register-n1").data["rules_version"]
+    monkeypatch.setattr(controlplane.replay.verify, "rules_version", lambda _: recorded - 1)
+    with pytest.raises(OperationalError, match=f"rules version {recorded} of RegisterNode, "
+                                               f"newer than this fleetctl's {recorded - 1}"):
+        verify_decisions(store)
+
+
+def test_a_rules_version_edited_upwards_is_named_as_an_edit(store: EventStore) -> None:
+    run(store, register_node("n1"))
+    with store.engine.begin() as conn:  # edited in Python: the same on SQLite and PostgreSQL
+        position, data = conn.execute(text(
+            "SELECT position, data FROM events WHERE event_type = 'NodeRegistered'")).one()
+        conn.execute(text("UPDATE events SET data = :data WHERE position = :position"),
+                     {"data": json.dumps({**json.loads(data), "rules_version": 99}),
+                      "position": position})
+    with pytest.raises(UnreadableEvent, match="no longer matches its hash"):
+        verify_decisions(store)
