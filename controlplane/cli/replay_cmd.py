@@ -52,6 +52,10 @@ def _render(report: dict[str, Any]) -> str:
             lines.append(f"  {len(older)} of them decided under older rules than today's "
                          "(an upgrade changed them; see the CHANGELOG), "
                          f"{len(drifts) - len(older)} under today's")
+        elif older:  # re-derived under today's rules: the upgrade may be what differs
+            lines.append(f"  {len(older)} of them decided under older rules than today's: "
+                         "they may differ by the upgrade, not the what-if (plain `replay "
+                         "--verify` lists what the upgrade alone changes)")
         refused = [d for d in drifts if d.get("refused_today")]
         if refused:
             lines.append(f"  {len(refused)} of them of commands today's validation refuses as "

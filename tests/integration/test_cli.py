@@ -466,6 +466,13 @@ def test_replay_verify_passes_a_drift_made_under_older_rules_and_fails_one_under
         assert "rules 1 -> 2" in result.output
         as_json = json.loads(run_cli("replay", "--verify", "--json").output)
         assert as_json["unexplained_drifts"] == 0 and as_json["drifts"][0]["older_rules"]
+        # A what-if says its differences may be the upgrade's (it had counted them as its own).
+        policy = tmp_path / "whatif.json"
+        policy.write_text('{"memory": {"usable_fraction": 0.8}}', encoding="utf-8")
+        what_if = run_cli("replay", "--policy", str(policy))
+        assert what_if.exit_code == 0, what_if.stderr
+        assert "1 of them decided under older rules than today's: they may differ by the " \
+               "upgrade, not the what-if" in what_if.output
     with monkeypatch.context() as broken:
         _drifting_assess_memory(broken, new_version=None)
         result = run_cli("replay", "--verify")
