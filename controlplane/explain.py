@@ -78,6 +78,13 @@ def explain_id(store: EventStore, identifier: str) -> dict[str, Any]:
     if decided[0].event_type == ACCEPTED and decided[0].command_id == identifier:
         return {"identifier": identifier, "awaiting_decision": True,
                 "chain": [_step(e) for e in decided]}
+    if decided[0].event_type == ACCEPTED and decided[0].command_id:
+        # An acceptance named by its event id: say whether, and where, its command was decided.
+        decision = [e for e in store.events_for_command(decided[0].command_id)
+                    if e.event_type != ACCEPTED]
+        return {"identifier": identifier, "awaiting_decision": not decision,
+                "decided_at": [e.position for e in decision],
+                "chain": [_step(e) for e in decided]}
     chain = [_step(e) for e in decided]
     seen = {e.event_id for e in decided}
     cause_ids = [e.causation_id for e in decided if e.causation_id]

@@ -138,6 +138,10 @@ def _render_explanation(report: dict[str, Any]) -> str:
                 lines.append(f"      ... and {len(ruled) - MAX_ALTERNATIVES} more (--json has all)")
     if report.get("awaiting_decision"):
         lines.append("    accepted, awaiting a decision (`fleetctl status` counts those waiting)")
+    elif report.get("decided_at"):
+        command_id = report["chain"][0]["command_id"]
+        lines.append(f"    decided at #{report['decided_at'][0]} (`fleetctl explain {command_id}` "
+                     "explains the decision)")
     return "\n".join(lines)
 
 

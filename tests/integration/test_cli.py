@@ -101,6 +101,20 @@ def test_explain_shows_a_command_accepted_but_not_decided_as_awaiting_its_decisi
     assert report["chain"][0]["command"]["command_id"] == "waiting"
 
 
+def test_explain_of_an_acceptance_by_its_event_id_says_where_the_command_was_decided(
+        tmp_path: Path, embedded: str) -> None:
+    # Before: the acceptance alone, with no word of the decision.
+    run_cli("submit", str(write_lines(tmp_path / "c.jsonl", assess_memory("x"))))
+    report = json.loads(run_cli("explain", "x", "--json").output)
+    accepted, decision = report["chain"][-1], report["chain"][0]
+    explained = run_cli("explain", accepted["event_id"])
+    assert explained.exit_code == 0, explained.stderr
+    assert explained.output.splitlines()[-1] == (
+        f"    decided at #{decision['position']} (`fleetctl explain x` explains the decision)")
+    assert json.loads(run_cli("explain", accepted["event_id"], "--json").output)[
+        "awaiting_decision"] is False
+
+
 def test_explain_takes_a_stream_id_without_a_slash(tmp_path: Path, embedded: str) -> None:
     # Models are registered on the `catalog` stream: `log --stream catalog` listed it, explain
     # refused it.
