@@ -30,6 +30,7 @@ _READ_FROM = f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE position > ? ORDER B
 _READ_RANGE = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE position > ? AND position <= ?"
                " ORDER BY position LIMIT ?")
 _READ_FIRST = f"SELECT {EVENT_COLUMNS_SQL} FROM events ORDER BY position LIMIT ?"
+_FIRST_HASH = "SELECT hash FROM events WHERE position = 1"
 _STREAM_VERSION = COLUMNS.index("stream_version")
 _STREAM_AFTER = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE stream_id = ? AND stream_version > ?"
                  " ORDER BY stream_version LIMIT ?")
@@ -249,6 +250,13 @@ class EventStore:
         """Atomically append to one or several streams (see `LogTransaction.append`)."""
         with self.transaction() as tx:
             return tx.append(appends)
+
+    def log_id(self) -> str | None:
+        """The hash of the log's first event, which no other log shares (None while the log is
+        empty): what names this log to processes that share a queue with others."""
+        with self.engine.connect() as conn:
+            rows = driver.fetch(conn, _FIRST_HASH)
+        return str(rows[0][0]) if rows else None
 
     def head(self, connection: Connection | None = None) -> tuple[int, str]:
         """The log's last position and hash (read on `connection`, from `snapshot`, when given)."""

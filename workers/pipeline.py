@@ -11,10 +11,11 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from controlplane.commands import CommandBase
-from controlplane.errors import OperationalError
+from controlplane.errors import InputError, OperationalError
 from controlplane.service import Outcome, accept, pending_command_ids, unfinished_command_ids
 from controlplane.settings import Settings
 from events.store import EventStore
+from workers.claims import check_claim
 from workers.connections import connect, probe, queue_connection, redis_url_in_use
 from workers.queue import command_queue, enqueue_commands, not_in_a_job, resumes
 from workers.runner import work
@@ -114,10 +115,21 @@ def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase
     """
     connection = queue_connection(settings)
     unreachable = probe(connection)
+    claimed = unreachable is None and redis_url_in_use(settings) is not None
+    log_id = store.log_id() if claimed else None
+    if claimed:
+        check_claim(connection, settings.command_queue, log_id)  # before any write
     accepted = accept(store, commands, lines)
     undecided = _with_undecided_resubmissions(store, commands, accepted)
     if unreachable is not None:
         raise _recorded_undecided(str(unreachable), len(undecided))
+    if claimed and log_id is None:  # the log's first events: it has a name only now
+        try:
+            check_claim(connection, settings.command_queue, store.log_id())
+        except InputError as error:
+            raise InputError(f"{error}; {len(undecided)} command(s) are recorded in the inbox, "
+                             "undecided: `fleetctl reconcile` with a queue of this database's "
+                             "own enqueues them") from None
     try:
         job_ids = enqueue_commands(connection, settings, undecided)
     except RedisError as error:  # it answered the probe, then refused (out of memory, say)
@@ -154,7 +166,8 @@ def undecided_ids(store: EventStore) -> list[str]:
 def inbox_for(settings: Settings, store: EventStore) -> Inbox:
     """The inbox as a serving worker sweeps it for stranded commands (`workers.stranded`)."""
     return Inbox(lambda: undecided_ids(store),
-                 lambda connection, ids: enqueue_commands(connection, settings, ids))
+                 lambda connection, ids: enqueue_commands(connection, settings, ids),
+                 store.log_id)
 
 
 def reconcile(settings: Settings, store: EventStore, deadline: float | None = None) -> Submitted:
@@ -163,6 +176,8 @@ def reconcile(settings: Settings, store: EventStore, deadline: float | None = No
     but those whose job is still queued or running. On the embedded queue the work runs here,
     until `deadline` if given."""
     connection = connect(settings)
+    if redis_url_in_use(settings) is not None:
+        check_claim(connection, settings.command_queue, store.log_id())
     # A batch whose job is still queued or running is left to it (a worker's start, with a
     # backlog queued, had enqueued all of it once more).
     pending = not_in_a_job(connection, settings, undecided_ids(store))

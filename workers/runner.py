@@ -27,6 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.errors import OperationalError
 from controlplane.runtime import collect_garbage_less_often
+from workers.claims import QueueClaim
 from workers.outage import LostQueueWatch, mark_queue
 from workers.queue import command_queue, disarm, job_problem
 from workers.stranded import Inbox, StrandedCommandsWatch
@@ -120,6 +121,8 @@ class FleetWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, Worker):
         self._lost_queue = LostQueueWatch(self.connection, self.queues[0].name, self.name,
                                           on_queue_lost)
         self._stranded = StrandedCommandsWatch(self.connection, self.queues, inbox)
+        self._claim = QueueClaim(self.connection, [queue.name for queue in self.queues],
+                                 inbox.log_id if inbox is not None else None)
 
     @property
     def dequeue_timeout(self) -> int:
@@ -139,6 +142,7 @@ class FleetWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, Worker):
             if self._lost_queue.check():
                 self._register_again()
             self._stranded.check()
+            self._claim.renew()
 
     def _register_again(self) -> None:
         """Redis lost this worker's registration with the queue: appear in `rq info` again."""

@@ -48,10 +48,13 @@ def sweep_seconds() -> int:
 @dataclass(frozen=True)
 class Inbox:
     """What a worker needs of the inbox to find stranded commands: the accepted commands with
-    no decision (or with outside effects left undone), and a way to enqueue them."""
+    no decision (or with outside effects left undone), and a way to enqueue them; and which
+    log it is (`workers.claims`)."""
 
     undecided: Callable[[], Sequence[str]]
     enqueue: Callable[[Redis, list[str]], object]
+    # The log's identity (`EventStore.log_id`), for the worker's claim on its queues.
+    log_id: Callable[[], str | None] | None = None
 
 
 def sweep_lock_key(queue_name: str) -> str:

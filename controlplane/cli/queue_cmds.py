@@ -23,6 +23,7 @@ from controlplane.settings import MAX_WORKER_PROCESSES, Settings, checked_queue_
 from controlplane.submission import MAX_SUBMISSION_BYTES, read_submission
 from events.database import migrate
 from events.store import EventStore
+from workers.claims import claim
 from workers.connections import UP_DATABASE_KEY, connect, redis_url_in_use, up_database
 from workers.outage import mark_queue
 from workers.pipeline import EMBEDDED_HINT, Submitted, inbox_for, wait_for_decisions
@@ -166,6 +167,10 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
         settings = dataclasses.replace(settings, queues=queue_names)
     queues = settings.queues
     url = redis_url_in_use(settings)
+    if url is not None:  # refused while another database's workers serve these queues
+        connection, log_id = connect(settings), store.log_id()
+        for name in queues:
+            claim(connection, name, log_id)
     if not burst and url is not None:
         # Before the reconcile: a Redis that loses its data after it is noticed (workers.outage).
         mark_queue(connect(settings), queues[0])
