@@ -35,6 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from redis import Redis  # noqa: E402
+
 from bench.common import (  # noqa: E402
     DEFAULT_POSTGRES_URL,
     BenchSkipped,
@@ -65,6 +67,7 @@ from controlplane.runtime import open_store, store_for_process  # noqa: E402
 from controlplane.settings import Settings  # noqa: E402
 from controlplane.workloads import admission_and_placement  # noqa: E402
 from events.store import EventStore  # noqa: E402
+from workers.claims import claim_key  # noqa: E402
 from workers.pipeline import submit  # noqa: E402
 
 DEFAULT_COMMANDS = 20_000
@@ -146,6 +149,9 @@ def run_queued(path: str, store_label: str, setup: Setup, traffic: list[dict[str
     label = f"{path} {store_label} x{workers}"
     settings = Settings(database_url=store.engine.url.render_as_string(hide_password=False),
                         redis_url=redis_url, batch_size=batch_size)
+    # The log starts over in the same database, a new log: the workers' claim on the queue
+    # names the old one (`workers.claims`) and would refuse this run's submits until renewed.
+    Redis.from_url(redis_url).delete(claim_key(settings.command_queue))
     run = f"{path[0]}{workers}"
     timed_from = set_up(settings, store, setup, run, pool.processes)
     commands = commands_for(traffic, run)
