@@ -35,7 +35,7 @@ _STREAM_VERSION = COLUMNS.index("stream_version")
 _STREAM_AFTER = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE stream_id = ? AND stream_version > ?"
                  " ORDER BY stream_version LIMIT ?")
 _STREAM_BEFORE = (f"SELECT {EVENT_COLUMNS_SQL} FROM events WHERE stream_id = ? AND stream_version < ?"
-                  " ORDER BY stream_version DESC LIMIT ?")
+                  " AND stream_version > ? ORDER BY stream_version DESC LIMIT ?")
 
 
 def _one_head(rows: Sequence[driver.Row]) -> tuple[int, str]:
@@ -290,22 +290,22 @@ class EventStore:
             rows = driver.fetch(connection, _READ_FROM, rows[-1][0], READ_CHUNK)
 
     def read_stream(self, stream_id: str, from_version: int = 0) -> list[RecordedEvent]:
-        """The stream's events after `from_version`, in version order."""
-        query = (select(events_table).where(events_table.c.stream_id == stream_id,
-                                            events_table.c.stream_version > from_version)
-                 .order_by(events_table.c.stream_version))
-        with self.engine.connect() as conn:
-            return [from_row(row) for row in conn.execute(query)]
+        """The stream's events after `from_version`, in version order, all at once (for a
+        stream that stays small; `iter_stream` for one that grows with the log)."""
+        return list(self.iter_stream(stream_id, from_version))
 
-    def iter_stream(self, stream_id: str, newest_first: bool = False) -> Iterator[RecordedEvent]:
-        """The stream's events in version order (or newest first), read in chunks: memory does
-        not grow with the stream (a pool's or a shared budget's holds an event per decision
-        about it), and a reader that stops early reads only what it looked at."""
-        last = 2**62 if newest_first else 0
+    def iter_stream(self, stream_id: str, from_version: int = 0,
+                    newest_first: bool = False) -> Iterator[RecordedEvent]:
+        """The stream's events after `from_version` in version order (or newest first), read in
+        chunks: memory does not grow with the stream (a pool's or a shared budget's holds an
+        event per decision about it), and a reader that stops early reads only what it looked
+        at."""
+        last = 2**62 if newest_first else from_version
         while True:
             with self.engine.connect() as conn:  # a connection per chunk: no long transaction
-                rows = driver.fetch(conn, _STREAM_BEFORE if newest_first else _STREAM_AFTER,
-                                    stream_id, last, READ_CHUNK)
+                rows = (driver.fetch(conn, _STREAM_BEFORE, stream_id, last, from_version,
+                                     READ_CHUNK) if newest_first
+                        else driver.fetch(conn, _STREAM_AFTER, stream_id, last, READ_CHUNK))
             for row in rows:
                 yield from_row(row)
             if len(rows) < READ_CHUNK:
