@@ -12,7 +12,7 @@ before it writes or enqueues anything. A log with no events yet claims nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 from redis import Redis
@@ -43,11 +43,13 @@ def check_claim(connection: Redis, queue_name: str, log_id: str | None) -> None:
             "each database a queue of its own (FLEET_QUEUE, or `worker --queues`)")
 
 
-def claim(connection: Redis, queue_name: str, log_id: str | None) -> None:
-    """Claim the queue for `log_id` for CLAIM_SECONDS; InputError if another log holds it."""
-    check_claim(connection, queue_name, log_id)
+def claim(connection: Redis, queue_names: Sequence[str], log_id: str | None) -> None:
+    """Claim the queues for `log_id` for CLAIM_SECONDS; InputError if another log holds one."""
+    for name in queue_names:
+        check_claim(connection, name, log_id)
     if log_id is not None:
-        connection.set(claim_key(queue_name), log_id, ex=CLAIM_SECONDS)
+        for name in queue_names:
+            connection.set(claim_key(name), log_id, ex=CLAIM_SECONDS)
 
 
 class QueueClaim:
@@ -65,9 +67,7 @@ class QueueClaim:
             return
         self.renewed_at = clock
         try:
-            log_id = self.log_id()
-            for name in self.queue_names:
-                claim(self.connection, name, log_id)
+            claim(self.connection, self.queue_names, self.log_id())
         except InputError as error:
             log.error("queue_claimed_by_another_log", error=str(error))
         except Exception as error:  # Redis or the database unreachable: the next renewal tries

@@ -167,13 +167,14 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
         settings = dataclasses.replace(settings, queues=queue_names)
     queues = settings.queues
     url = redis_url_in_use(settings)
-    if url is not None:  # refused while another database's workers serve these queues
-        connection, log_id = connect(settings), store.log_id()
-        for name in queues:
-            claim(connection, name, log_id)
-    if not burst and url is not None:
-        # Before the reconcile: a Redis that loses its data after it is noticed (workers.outage).
-        mark_queue(connect(settings), queues[0])
+    if url is not None:
+        connection = connect(settings)
+        # Refused while another database's workers serve these queues.
+        claim(connection, queues, store.log_id())
+        if not burst:
+            # Before the reconcile: a Redis that loses its data after it is noticed
+            # (workers.outage).
+            mark_queue(connection, queues[0])
     # A supervised worker's supervisor reconciled before starting it: each of N doing it again
     # had enqueued the whole backlog N more times.
     supervised = url is not None and os.environ.get(SUPERVISOR_ENV) is not None

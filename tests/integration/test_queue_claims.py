@@ -40,14 +40,14 @@ def claimed_by_another_log(real_redis: Redis) -> str:
 def test_a_queue_claimed_for_one_log_refuses_another_and_accepts_its_own(
         real_redis: Redis) -> None:
     queue = os.environ["FLEET_QUEUE"]
-    claim(real_redis, queue, "a" * 64)
+    claim(real_redis, [queue], "a" * 64)
     check_claim(real_redis, queue, "a" * 64)
     check_claim(real_redis, queue, None)  # an empty log names no log yet
     with pytest.raises(InputError, match="FLEET_QUEUE: the queue .* another database's log"):
-        claim(real_redis, queue, "b" * 64)
+        claim(real_redis, [queue], "b" * 64)
     assert 0 < real_redis.ttl(claim_key(queue)) <= CLAIM_SECONDS  # it lapses with its workers
     real_redis.delete(claim_key(queue))
-    claim(real_redis, queue, "b" * 64)
+    claim(real_redis, [queue], "b" * 64)
 
 
 @pytest.mark.parametrize("command", [["submit", "LATER"], ["reconcile"], ["worker", "--burst"]])
