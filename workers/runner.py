@@ -153,10 +153,11 @@ class FleetWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, Worker):
         except (ValueError, RedisError) as error:  # Redis went again, or a twin registered
             log.warning("worker_registration_failed", error=f"{type(error).__name__}: {error}")
 
-    def deliver_due_retries(self) -> None:
-        """Put jobs whose retry back-off has ended back on their queues."""
+    def deliver_due_retries(self, now: bool = False) -> None:
+        """Put jobs whose retry back-off has ended back on their queues (at most once per
+        RETRY_POLL_SECONDS, unless `now`)."""
         clock = time.monotonic()
-        if clock - self._retries_checked_at < RETRY_POLL_SECONDS:
+        if not now and clock - self._retries_checked_at < RETRY_POLL_SECONDS:
             return
         self._retries_checked_at = clock
         if self._retry_scheduler is None:
@@ -234,7 +235,7 @@ def drain(connection: Redis, queues: Sequence[str]) -> Drained:
     failed_before = {job_id for queue in queue_objects
                      for job_id in FailedJobRegistry(queue=queue).get_job_ids()}
     while True:
-        worker = _worker(connection, queues, forking=True)
+        worker = _forking_worker(connection, queues)
         try:
             worker.work(burst=True, logging_level="WARNING")
         except StopRequested:  # a signal between RQ's loop and its teardown
@@ -252,14 +253,12 @@ def drain(connection: Redis, queues: Sequence[str]) -> Drained:
     return Drained(False, failed)
 
 
-def _retries_waiting(worker: Worker | SimpleWorker, queues: Sequence[Queue]) -> bool:
+def _retries_waiting(worker: FleetWorker, queues: Sequence[Queue]) -> bool:
     """Whether a job waits for a retry: wait until one is due and deliver it (True), or False."""
     while any(ScheduledJobRegistry(queue=queue).count  # type: ignore[no-untyped-call]
               for queue in queues):
-        assert isinstance(worker, FleetWorker)
         time.sleep(RETRY_POLL_SECONDS)
-        worker._retries_checked_at = 0.0  # deliver now, whatever the last heartbeat did
-        worker.deliver_due_retries()
+        worker.deliver_due_retries(now=True)
         if any(queue.count for queue in queues):
             return True
     return False
@@ -268,12 +267,20 @@ def _retries_waiting(worker: Worker | SimpleWorker, queues: Sequence[Queue]) -> 
 def _worker(connection: Redis, queues: Sequence[str], forking: bool,
             on_queue_lost: Callable[[], object] | None = None,
             inbox: Inbox | None = None) -> Worker | SimpleWorker:
+    if forking:
+        return _forking_worker(connection, queues, on_queue_lost, inbox)
     collect_garbage_less_often()
     queue_objects = [command_queue(connection, name) for name in queues]
-    if forking:
-        return FleetWorker(queue_objects, connection=connection, serializer=JSONSerializer,
-                           on_queue_lost=on_queue_lost, inbox=inbox)
     return FleetSimpleWorker(queue_objects, connection=connection, serializer=JSONSerializer)
+
+
+def _forking_worker(connection: Redis, queues: Sequence[str],
+                    on_queue_lost: Callable[[], object] | None = None,
+                    inbox: Inbox | None = None) -> FleetWorker:
+    collect_garbage_less_often()
+    return FleetWorker([command_queue(connection, name) for name in queues],
+                       connection=connection, serializer=JSONSerializer,
+                       on_queue_lost=on_queue_lost, inbox=inbox)
 
 
 def serve(connect: Callable[[], Redis], queues: Sequence[str],
