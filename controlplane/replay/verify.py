@@ -203,15 +203,9 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[CommandBase, st
     `report` where it comes out differently."""
     first = group[0]
     command, accepted_id = commands.pop(first.command_id or "")
-    if isinstance(command, RefusedCommand) and command.newer:
-        raise OperationalError(
-            f"event {first.position} decides a {command.recorded_type} command this fleetctl "
-            f"does not know ({'; '.join(command.problems)}): a newer fleetctl wrote this log; "
-            "re-derive it with that version")
-    decided = next((e for e in group if "outcome" in e.data), None)
-    decision = decided.data if decided is not None else {}
-    if decided is not None:
-        _refuse_newer_rules(decided, command, decision.get("rules_version", 1))
+    decided = next((e for e in group if "outcome" in e.data), first)
+    decision = decided.data if "outcome" in decided.data else {}
+    _refuse_a_newer_fleetctls(decided, command, decision.get("rules_version", 1))
     # Decided at the time its events were recorded at (one append: they share it), with what
     # it read from outside the log as it recorded it.
     context = DecisionContext(state, first.position - 1, versions.before(group), policies,
@@ -242,13 +236,22 @@ def _check(group: list[RecordedEvent], commands: dict[str, tuple[CommandBase, st
                                    isinstance(command, RefusedCommand)))
 
 
-def _refuse_newer_rules(decided: RecordedEvent, command: CommandBase, recorded: Any) -> None:
-    """OperationalError when the decision `decided` records was made under rules newer than this
-    version's (a newer fleetctl wrote the log): re-derived here it would differ, and be
-    reported as a decision today's rules cannot reproduce. An edited version is named as an
-    edit (the row no longer matches its hash)."""
+def _refuse_a_newer_fleetctls(decided: RecordedEvent, command: CommandBase,
+                              recorded: Any) -> None:
+    """OperationalError when a newer fleetctl wrote the decision `decided` records: its command
+    holds a type or field this version does not know, or it was made under newer rules than
+    this version's. Re-derived here it would differ, and be reported as a decision today's
+    rules cannot reproduce. An edited version is named as an edit (the row no longer matches
+    its hash)."""
+    if isinstance(command, RefusedCommand):
+        if command.newer:
+            raise OperationalError(
+                f"event {decided.position} decides a {command.recorded_type} command this "
+                f"fleetctl does not know ({'; '.join(command.problems)}): a newer fleetctl "
+                "wrote this log; re-derive it with that version")
+        return
     current = rules_version(command.command_type)
-    if type(recorded) is not int or recorded <= current or isinstance(command, RefusedCommand):
+    if type(recorded) is not int or recorded <= current:
         return
     if not as_written(decided):
         raise unreadable(decided, "read", ValueError(
