@@ -38,6 +38,7 @@ from sqlalchemy.engine import Connection  # noqa: E402
 from bench.common import (  # noqa: E402
     DEFAULT_POSTGRES_URL,
     BenchSkipped,
+    count,
     format_table,
     postgres_database,
     reset_log,
@@ -134,14 +135,12 @@ def figures(report: dict[str, Any]) -> list[Figure]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--commands", type=int, default=1_000)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--commands", type=count(), default=1_000)
+    parser.add_argument("--repeats", type=count(), default=7)
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
     parser.add_argument("--json", action="store_true")
     add_figures_argument(parser)
     args = parser.parse_args(argv)
-    if args.commands < 1 or args.repeats < 1:
-        parser.error("--commands and --repeats must be positive")
     configure_logging("WARNING")
     events, projections = batch_rows(args.commands)
     report: dict[str, Any] = {"commands": args.commands, "event_rows": len(events),

@@ -7,12 +7,13 @@ index is flushed before and after, and worker processes are stopped by their pro
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import statistics
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,21 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCAL_POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # The server the benchmarks use: the tests' one when set (an empty value counts as unset).
 DEFAULT_POSTGRES_URL = os.environ.get("FLEET_TEST_DATABASE_URL") or LOCAL_POSTGRES_URL
+
+
+def count(minimum: int = 1) -> Callable[[str], int]:
+    """An argparse type for a count of at least `minimum`: anything else is refused by name."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"{number} is below the least allowed, {minimum}")
+        return number
+
+    return parse
 
 
 class BenchSkipped(Exception):

@@ -42,6 +42,7 @@ from bench.common import (  # noqa: E402
     BenchSkipped,
     Measurement,
     check_exactly_once,
+    count,
     environment,
     log_position,
     postgres_database,
@@ -237,11 +238,11 @@ def _database(label: str, postgres_url: str, scratch: Path) -> Iterator[str]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--commands", type=int, default=DEFAULT_COMMANDS,
+    parser.add_argument("--commands", type=count(), default=DEFAULT_COMMANDS,
                         help="commands per batched run (default 20,000)")
-    parser.add_argument("--naive-commands", type=int, default=None,
+    parser.add_argument("--naive-commands", type=count(), default=None,
                         help="commands per naive run (default: a fiftieth of --commands, >= 20)")
-    parser.add_argument("--naive-workers", type=int, nargs="+", default=[1],
+    parser.add_argument("--naive-workers", type=count(), nargs="+", default=[1],
                         help="worker counts for the naive runs on real Redis (default 1)")
     parser.add_argument("--only", nargs="+", default=["embedded", "sqlite", "postgres"],
                         choices=["embedded", "sqlite", "postgres"], help="scenarios to run")
@@ -251,8 +252,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     add_figures_argument(parser)
     args = parser.parse_args(argv)
-    if args.commands < 1:
-        parser.error("--commands must be positive")
     if args.naive_commands is None:
         args.naive_commands = max(20, args.commands // 50)
     args.naive_commands = min(args.naive_commands, args.commands)

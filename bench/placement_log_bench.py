@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     DEFAULT_POSTGRES_URL,
     BenchSkipped,
+    count,
     postgres_database,
 )
 from bench.figures import add_figures_argument, write_figures  # noqa: E402
@@ -169,8 +170,8 @@ def run(url: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
     inbox.engine.dispose()
 
     single_seconds, scan_seconds, index_seconds, all_same = [], [], [], True
-    for count, command_id in enumerate(single_ids):
-        before = nodes_now(store) if count % POLICY_SAMPLE_EVERY == 0 else None
+    for number, command_id in enumerate(single_ids):
+        before = nodes_now(store) if number % POLICY_SAMPLE_EVERY == 0 else None
         single_seconds.append(timed(lambda command_id=command_id: decide(store, [command_id])))
         if before is not None:
             scan, indexed, same = policy_sample(store, command_id, before, 0.90)
@@ -209,15 +210,15 @@ def run(url: str, label: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=1_000)
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--placements", type=int, default=2_000,
+    parser.add_argument("--nodes", type=count(), default=1_000)
+    parser.add_argument("--gpus-per-node", type=count(), default=8)
+    parser.add_argument("--placements", type=count(), default=2_000,
                         help="single-GPU placements in the batched phase (plus 15%% multi-GPU)")
-    parser.add_argument("--singles", type=int, default=300, help="one-at-a-time placements")
-    parser.add_argument("--arriving", type=int, default=1_000,
+    parser.add_argument("--singles", type=count(), default=300, help="one-at-a-time placements")
+    parser.add_argument("--arriving", type=count(), default=1_000,
                         help="placements accepted by another process batch by batch")
-    parser.add_argument("--pools", type=int, default=50, help="pools the replicas are spread over")
-    parser.add_argument("--batch-size", type=int, default=200)
+    parser.add_argument("--pools", type=count(), default=50, help="pools the replicas are spread over")
+    parser.add_argument("--batch-size", type=count(), default=200)
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL,
                         help="a PostgreSQL server to run on too, in a database of its own "
                              "(default FLEET_TEST_DATABASE_URL, else the local server; skipped "

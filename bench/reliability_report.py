@@ -38,6 +38,7 @@ from redis import Redis  # noqa: E402
 from bench.common import (  # noqa: E402
     DEFAULT_POSTGRES_URL,
     BenchSkipped,
+    count,
     format_table,
     postgres_database,
     reset_log,
@@ -142,11 +143,11 @@ def table(runs: Sequence[FaultRun]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=2, help="runs of each kind per database")
+    parser.add_argument("--runs", type=count(), default=2, help="runs of each kind per database")
     parser.add_argument("--kind", action="append", choices=list(FAULT_KINDS))
     parser.add_argument("--only", action="append", choices=list(DATABASES))
     parser.add_argument("--seed", type=int, help="run exactly this seed (reproduce one run)")
-    parser.add_argument("--requests", type=int, default=80, help="admissions per scenario")
+    parser.add_argument("--requests", type=count(), default=80, help="admissions per scenario")
     parser.add_argument("--postgres-url", default=None)
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--no-fuzz", action="store_true", help="skip the fuzz suite")

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    count,
     format_table,
 )
 from bench.figures import Figure, add_figures_argument, write_figures  # noqa: E402
@@ -187,9 +188,9 @@ def print_report(report: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = parser.add_mutually_exclusive_group()
-    size.add_argument("--requests", type=int, default=50_000,
+    size.add_argument("--requests", type=count(), default=50_000,
                       help="admission requests in the workload (about 6 events each)")
-    size.add_argument("--events", type=int,
+    size.add_argument("--events", type=count(),
                       help="about this many events in the log (1000000 for the issue's scale)")
     parser.add_argument("--log", type=Path, help="keep the built log here and reuse it next time")
     parser.add_argument("--json", action="store_true")

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import format_table  # noqa: E402
+from bench.common import count, format_table  # noqa: E402
 from bench.figures import Figure, add_figures_argument, write_figures  # noqa: E402
 from controlplane.logging import configure_logging  # noqa: E402
 from controlplane.runtime import open_store  # noqa: E402
@@ -34,7 +34,7 @@ BAR_SECONDS = 60.0
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trace", nargs="?", default=str(AZURE_CONV))
-    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--limit", type=count(), default=None)
     parser.add_argument("--control-interval", type=float,
                         default=SimulationConfig.control_interval_seconds)
     add_figures_argument(parser)

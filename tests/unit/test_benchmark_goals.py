@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
-from bench.common import Measurement
+from bench.common import Measurement, count
 from bench.decision_results import GROWTH, POSTGRES_REDIS, Results
 
 
@@ -34,3 +36,15 @@ def test_more_workers_count_as_growth_only_past_the_noise_margin(
 
 def test_growth_is_not_measured_without_two_postgresql_runs() -> None:
     assert _postgres_runs(1_000).goals()[-1][1] is None
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("0", "0 is below the least allowed, 1"),
+    ("-3", "-3 is below the least allowed, 1"),
+    ("x", "'x' is not a whole number"),
+])
+def test_a_benchmark_count_below_one_or_not_a_number_is_refused_by_name(
+        value: str, message: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        count()(value)
+    assert count()("7") == 7 and count(0)("0") == 0
