@@ -12,14 +12,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import structlog
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.errors import OperationalError
 from controlplane.logging import configured_level
 from controlplane.settings import Settings
+from events.database import is_sqlite
 from workers.processes import kill_process_tree
 from workers.runner import RECONNECT_FIRST_SECONDS, STABLE_SECONDS, SUPERVISOR_ENV
 
@@ -33,48 +36,49 @@ SUPERVISE_POLL_SECONDS = 0.1
 
 
 class UpFile:
-    """The up-file beside a SQLite database, where the one live `fleetctl up` of that database
-    advertises its Redis.
+    """The one live `fleetctl up` of a database, and, beside a SQLite database, the up-file where
+    it advertises its Redis.
 
-    Which `up` is live is decided by a lock, not by the pid in the file: an `up` holds an
-    exclusive flock on the database file for as long as it serves (the kernel drops it when the
-    process ends, however it ends; SQLite's own locks are of another kind and do not meet it).
-    While another process holds it, `advertised` refuses (OperationalError naming the pid the
-    file gives and the file) and writes nothing; a file left by an `up` that is gone is replaced,
-    whatever process its pid may name by now. The file is written whole under a temporary name
-    and renamed over, so a reader sees all of it or none; an `up` removes it only while it still
-    names that `up`. No path (not SQLite): nothing is advertised or locked.
+    Which `up` is live is decided by a lock, not by the pid in the file: on SQLite an exclusive
+    flock on the database file, on PostgreSQL a session advisory lock (`UP_LOCK_KEYS`, scoped to
+    the database) on a connection of its own, named `fleetctl up pid N` in pg_stat_activity.
+    Either is held for as long as the `up` serves and dropped when the process ends, however it
+    ends (SQLite's own locks are of another kind and do not meet the flock). While another
+    process holds it, `advertised` refuses (OperationalError naming that `up`'s pid, and the
+    up-file) and writes nothing; a file left by an `up` that is gone is replaced, whatever
+    process its pid may name by now. The file is written whole under a temporary name and
+    renamed over, so a reader sees all of it or none; an `up` removes it only while it still
+    names that `up`. A database in memory: nothing is advertised or locked.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, engine: Engine | None = None) -> None:
         self.path, self.database = settings.up_file, settings.sqlite_path
+        # PostgreSQL's lock is taken through the store's engine (SQLite's through the file).
+        self.engine = engine if engine is not None and not is_sqlite(engine) else None
 
     def refuse_if_held(self) -> None:
-        """OperationalError naming the pid and the file while another live `up` holds it."""
-        lock = self._lock()
-        if lock is not None:
-            os.close(lock)
+        """OperationalError naming the pid (and the file) while another live `up` holds it."""
+        self._lock()()
 
     @contextlib.contextmanager
     def advertised(self, url: str) -> Iterator[None]:
         """`url` in the file while the block runs, unless another live `up` holds it."""
-        if self.path is None:
-            yield
-            return
-        lock = self._lock()
+        release = self._lock()
         try:
-            self._write({"redis_url": url, "pid": os.getpid()})
+            if self.path is not None:
+                self._write({"redis_url": url, "pid": os.getpid()})
             yield
         finally:
-            if self._pid() == os.getpid():
+            if self.path is not None and self._pid() == os.getpid():
                 self.path.unlink(missing_ok=True)
-            if lock is not None:
-                os.close(lock)  # releases the flock
+            release()
 
-    def _lock(self) -> int | None:
-        """A descriptor holding the database's flock; OperationalError when another holds it."""
+    def _lock(self) -> Callable[[], None]:
+        """Take the lock; returns what releases it. OperationalError when another holds it."""
+        if self.engine is not None:
+            return _advisory_lock(self.engine)
         if self.path is None or self.database is None:
-            return None
+            return lambda: None
         try:
             lock = os.open(self.database, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as error:
@@ -89,7 +93,7 @@ class UpFile:
                 f"fleetctl up (pid {holder if holder is not None else 'unknown'}) already "
                 f"serves this database: {self.path} names it; stop it, or use another "
                 "database") from None
-        return lock
+        return lambda: os.close(lock)  # closing the descriptor releases the flock
 
     def _pid(self) -> int | None:
         if self.path is None:
@@ -110,6 +114,54 @@ class UpFile:
             temporary.unlink(missing_ok=True)
             raise OperationalError(f"cannot write the up-file {self.path}: "
                                    f"{error.strerror or error}") from None
+
+
+# The advisory lock (two 32-bit keys) an `up` on PostgreSQL holds: "fleetctl up" in ASCII.
+UP_LOCK_KEYS = (0x666C6565, 0x74757020)
+UP_APPLICATION_NAME = "fleetctl up pid {pid}"
+
+
+def _advisory_lock(engine: Engine) -> Callable[[], None]:
+    """Hold PostgreSQL's session advisory lock for `up` on a connection of its own (detached
+    from the pool, so no other use of the engine ever holds it); what closes that connection
+    releases it. OperationalError naming the holder's pid while another session holds it."""
+    try:
+        raw = engine.raw_connection()
+    except SQLAlchemyError as error:
+        raise OperationalError(f"cannot reach the database to serve it: {error}") from None
+    raw.detach()
+    try:
+        cursor = raw.cursor()
+        cursor.execute("SELECT set_config('application_name', %s, false)",
+                       (UP_APPLICATION_NAME.format(pid=os.getpid()),))
+        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", UP_LOCK_KEYS)
+        row = cursor.fetchone()
+        taken = row is not None and row[0] is True
+        holder = None if taken else _lock_holder(cursor)
+        raw.commit()
+    except Exception:
+        raw.close()
+        raise
+    if not taken:
+        raw.close()
+        raise OperationalError(
+            f"fleetctl up (pid {holder or 'unknown'}) already serves this database (it holds "
+            "its advisory lock); stop it, or use another database")
+    return raw.close
+
+
+def _lock_holder(cursor: Any) -> str | None:
+    """The pid the `up` holding the advisory lock gave in its application name, if it did."""
+    cursor.execute(
+        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %s AND l.objid = %s "
+        "AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database "
+        "WHERE datname = current_database())", UP_LOCK_KEYS)
+    row = cursor.fetchone()
+    prefix = UP_APPLICATION_NAME.format(pid="")
+    if row is None or not str(row[0]).startswith(prefix):
+        return None
+    return str(row[0]).removeprefix(prefix)
 
 
 class StopSignals:

@@ -255,9 +255,10 @@ def _catalog_readable_if_deciding_here(settings: Settings) -> None:
 def up(port: int, worker_count: int, as_json: bool) -> None:
     """Serve the embedded fake Redis on a loopback port plus workers, until SIGTERM or SIGINT.
 
-    One `up` per SQLite database: while one serves it (holding a lock on the database), another
-    `up` exits 3 naming the pid and the up-file (beside the database), before it serves
-    anything; a file left by an `up` that is gone is replaced. The file is written atomically
+    One `up` per database: while one serves it (holding a lock: a flock on a SQLite file, an
+    advisory lock on PostgreSQL), another `up` exits 3 naming its pid (and, on SQLite, the
+    up-file beside the database), before it serves anything; a file left by an `up` that is
+    gone is replaced. The file is written atomically
     and removed at exit only while it still names this process.
 
     A worker process that exits is restarted, logged as `worker_restarted` with its exit code,
@@ -275,7 +276,7 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
                          "serves a Redis of its own; unset it, or run `fleetctl worker` to serve "
                          "that Redis")
     _catalog_readable()
-    up_file = UpFile(settings)
+    up_file = UpFile(settings, store.engine)
     up_file.refuse_if_held()  # again under its lock below, for an `up` starting at the same time
     # Installed before anything is advertised: a SIGTERM that comes as soon as the announcement
     # is read must still stop the workers and remove the up file, not kill this process.

@@ -23,6 +23,7 @@ from controlplane.runtime import open_store
 from controlplane.service import accept, pending_command_ids
 from controlplane.settings import COMMAND_QUEUE, STOP_GRACE_ENV, STOP_GRACE_SECONDS, Settings
 from tests.cli_helpers import run_cli
+from tests.conftest import reset_postgres
 from tests.factories import assess_memory
 from tests.process_helpers import (
     alive,
@@ -164,6 +165,26 @@ def test_a_second_up_on_the_same_database_is_refused_naming_the_live_one(
     first.communicate(timeout=60)
     assert first.returncode == 0
     assert not up_file.exists()
+
+
+def test_a_second_up_on_one_postgresql_database_is_refused_until_the_first_is_gone(
+        postgres_database: str, up_processes: list[subprocess.Popen[str]]) -> None:
+    # Two `up`s on one PostgreSQL database had both served it, each with a Redis of its own.
+    reset_postgres(postgres_database)
+    first, _ = start_up(postgres_database, up_processes, workers=0)
+    second = start_fleetctl("up", "--workers", "0", "--json",
+                            env=fleetctl_environment(postgres_database))
+    up_processes.append(second)
+    stdout, stderr = second.communicate(timeout=60)
+    assert second.returncode == 3, stderr
+    assert stdout == "" and len(stderr.splitlines()) == 1, stderr
+    assert f"fleetctl up (pid {first.pid}) already serves this database" in stderr, stderr
+    kill_process_tree(first.pid)  # SIGKILL: the lock goes with its session all the same
+    first.communicate(timeout=60)
+    third, _ = start_up(postgres_database, up_processes, workers=0)
+    third.send_signal(signal.SIGTERM)
+    third.communicate(timeout=60)
+    assert third.returncode == 0
 
 
 @pytest.mark.parametrize("holder", ["gone", "reused"])
