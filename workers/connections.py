@@ -62,6 +62,17 @@ def queue_connection(settings: Settings) -> Redis:
         raise InputError("FLEET_REDIS_URL is not a valid Redis URL") from None
 
 
+def connect_to_up(settings: Settings) -> tuple[str, Redis]:
+    """The URL and a connection of the `fleetctl up` serving this database now, found through
+    its up-file; OperationalError while none does. Never the in-process fake: a worker attached
+    to `up` has nothing to serve there, and would decide the backlog alone, unseen."""
+    url = advertised_up_url(settings)
+    if url is None:
+        raise OperationalError(f"no fleetctl up serves this database now ({settings.up_file} "
+                               "names none that answers)")
+    return url, reachable(Redis.from_url(url, socket_connect_timeout=5))
+
+
 def reachable(connection: Redis) -> Redis:
     """`connection` once it answers; OperationalError, naming no password, when it does not."""
     problem = probe(connection)

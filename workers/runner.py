@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -23,11 +24,14 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
+from rq.worker import WorkerStatus
 from sqlalchemy.exc import SQLAlchemyError
 
 from controlplane.errors import OperationalError
 from controlplane.runtime import collect_garbage_less_often
+from controlplane.settings import Settings, redacted_url
 from workers.claims import QueueClaim
+from workers.connections import advertised_up_url, connect_to_up
 from workers.outage import LostQueueWatch, mark_queue
 from workers.queue import command_queue, disarm, job_problem
 from workers.stranded import Inbox, StrandedCommandsWatch
@@ -72,6 +76,53 @@ def watch_supervisor(poll_seconds: float = 1.0) -> None:
     threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
 
 
+class UpFollower:
+    """For a `fleetctl worker` that found its Redis through `up`'s up-file: a thread that notices
+    when the file names a new `up` of this database (the one it served stopped, another
+    started, on another port), so the worker serves that one.
+
+    It polls the file every `poll_seconds`; only when the file names another URL than the one
+    `connect` reached does it ask that Redis which database it serves (`advertised_up_url`),
+    then sets `moved`. The worker's next heartbeat while idle (at least once a second, even
+    while RQ retries the lost Redis) ends RQ's loop, and `serve` connects again through the
+    file; a job in hand is finished first. No signal is sent: the worker's own stop signals
+    keep their meaning.
+    """
+
+    def __init__(self, settings: Settings, url: str, poll_seconds: float = 1.0) -> None:
+        self.settings, self.url, self.poll_seconds = settings, url, poll_seconds
+        self.moved = threading.Event()
+
+    def connect(self) -> Redis:
+        """A connection to the `up` the file names now (`connect_to_up`), followed from then on
+        (a move noticed before it is taken by it)."""
+        self.url, connection = connect_to_up(self.settings)
+        self.moved.clear()
+        return connection
+
+    def start(self) -> UpFollower:
+        threading.Thread(target=self._follow, name="up-follower", daemon=True).start()
+        return self
+
+    def _follow(self) -> None:
+        while True:
+            time.sleep(self.poll_seconds)
+            if self.moved.is_set() or self._named() in (None, self.url):
+                continue
+            url = advertised_up_url(self.settings)
+            if url is not None and url != self.url:
+                log.warning("up_moved", redis_url=redacted_url(url))
+                self.moved.set()
+
+    def _named(self) -> str | None:
+        """The URL the up-file names, unchecked; None when there is none to read."""
+        assert self.settings.up_file is not None
+        try:
+            return str(json.loads(self.settings.up_file.read_text())["redis_url"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
 class _ToleratesEmbeddedRedis:
     """The embedded fake Redis answers CLIENT INFO in a shape redis-py cannot parse."""
 
@@ -113,8 +164,10 @@ class FleetWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, Worker):
     """
 
     def __init__(self, *args: Any, on_queue_lost: Callable[[], object] | None = None,
-                 inbox: Inbox | None = None, **kwargs: Any) -> None:
+                 inbox: Inbox | None = None, stop_when: Callable[[], bool] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._stop_when = stop_when
         self._retries_checked_at = 0.0
         self._owner_pid = os.getpid()
         self._retry_scheduler: RQScheduler | None = None
@@ -135,6 +188,11 @@ class FleetWorker(_RunsOnlyDecideJobs, _ToleratesEmbeddedRedis, Worker):
         return int(super().dequeue_timeout) + 10
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
+        # Idle (RQ's dequeue loop beats before each wait, and while it retries a lost Redis),
+        # the loop ends here when asked (`UpFollower`); never in a job's bookkeeping.
+        if (self._stop_when is not None and pipeline is None
+                and self.get_state() == WorkerStatus.IDLE and self._stop_when()):
+            raise StopRequested()
         super().heartbeat(timeout, pipeline)
         # Not inside RQ's pipelines, and never in a work horse (a fork of this worker).
         if pipeline is None and os.getpid() == self._owner_pid:
@@ -266,9 +324,10 @@ def _retries_waiting(worker: FleetWorker, queues: Sequence[Queue]) -> bool:
 
 def _worker(connection: Redis, queues: Sequence[str], forking: bool,
             on_queue_lost: Callable[[], object] | None = None,
-            inbox: Inbox | None = None) -> Worker | SimpleWorker:
+            inbox: Inbox | None = None,
+            stop_when: Callable[[], bool] | None = None) -> Worker | SimpleWorker:
     if forking:
-        return _forking_worker(connection, queues, on_queue_lost, inbox)
+        return _forking_worker(connection, queues, on_queue_lost, inbox, stop_when)
     collect_garbage_less_often()
     queue_objects = [command_queue(connection, name) for name in queues]
     return FleetSimpleWorker(queue_objects, connection=connection, serializer=JSONSerializer)
@@ -276,15 +335,17 @@ def _worker(connection: Redis, queues: Sequence[str], forking: bool,
 
 def _forking_worker(connection: Redis, queues: Sequence[str],
                     on_queue_lost: Callable[[], object] | None = None,
-                    inbox: Inbox | None = None) -> FleetWorker:
+                    inbox: Inbox | None = None,
+                    stop_when: Callable[[], bool] | None = None) -> FleetWorker:
     collect_garbage_less_often()
     return FleetWorker([command_queue(connection, name) for name in queues],
                        connection=connection, serializer=JSONSerializer,
-                       on_queue_lost=on_queue_lost, inbox=inbox)
+                       on_queue_lost=on_queue_lost, inbox=inbox, stop_when=stop_when)
 
 
 def serve(connect: Callable[[], Redis], queues: Sequence[str],
-          on_reconnect: Callable[[], object], inbox: Inbox | None = None) -> None:
+          on_reconnect: Callable[[], object], inbox: Inbox | None = None,
+          follower: UpFollower | None = None) -> None:
     """Run a forking worker until it is asked to stop, outliving a Redis that goes away.
 
     RQ's worker rides out a Redis outage in its dequeue loop, but quits when Redis fails
@@ -297,14 +358,20 @@ def serve(connect: Callable[[], Redis], queues: Sequence[str],
     of starting, so a fault that persists costs a restart and a reconcile every
     RECONNECT_MAX_SECONDS, never a busy loop. While it waits no job is in hand: SIGTERM exits
     at once (through the caller's clean-up), SIGINT raises KeyboardInterrupt.
+
+    With a `follower` (a worker attached to `up` through its up-file), a new `up` of this
+    database serving elsewhere ends the worker's loop too: it connects again, through the file,
+    to the new `up` and serves there.
     """
     watch_supervisor()
+    if follower is not None:
+        follower.start()
     connection = connect()
     mark_queue(connection, queues[0])
     delay = RECONNECT_FIRST_SECONDS
     while True:
         worker = _worker(connection, queues, forking=True, on_queue_lost=on_reconnect,
-                         inbox=inbox)
+                         inbox=inbox, stop_when=None if follower is None else follower.moved.is_set)
         started = time.monotonic()
         try:
             worker.work(burst=False, logging_level="WARNING")
@@ -312,15 +379,29 @@ def serve(connect: Callable[[], Redis], queues: Sequence[str],
             log.warning("worker_lost_redis", error=f"{type(error).__name__}: {error}")
         except StopRequested:  # a signal between RQ's loop and its teardown
             return
+        finally:
+            _stop_listening(worker)
         if worker._shutdown_requested_date is not None:  # RQ's mark of a warm shutdown
             return
-        served = time.monotonic() - started
-        log.error("worker_stopped_unexpectedly", served_seconds=round(served, 1))
-        if served > STABLE_SECONDS:
+        if follower is not None and follower.moved.is_set():
+            follower.moved.clear()
             delay = RECONNECT_FIRST_SECONDS
+        else:
+            served = time.monotonic() - started
+            log.error("worker_stopped_unexpectedly", served_seconds=round(served, 1))
+            if served > STABLE_SECONDS:
+                delay = RECONNECT_FIRST_SECONDS
         signal.signal(signal.SIGTERM, _exit_now)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         connection, delay = _reconnected(connect, queues[0], on_reconnect, delay)
+
+
+def _stop_listening(worker: Worker | SimpleWorker) -> None:
+    """Stop the thread RQ listens for its commands in: RQ's teardown stops it only after
+    recording the worker's death, which fails on a lost Redis, and the thread then retried that
+    Redis (logging each failure) for as long as the process lived, one more per reconnect."""
+    if worker.pubsub_thread is not None:
+        worker.pubsub_thread.stop()
 
 
 def _exit_now(signum: int, frame: object) -> None:

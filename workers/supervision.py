@@ -195,13 +195,16 @@ class WorkerProcesses:
     them all (`stop`), whatever ended it.
     """
 
-    def __init__(self, redis_url: str, queues: Sequence[str], burst: bool,
+    def __init__(self, redis_url: str | None, queues: Sequence[str], burst: bool,
                  grace_seconds: float) -> None:
+        """`redis_url` None: each finds (and follows) a `fleetctl up` through its up-file."""
         self._args = [sys.executable, "-m", "controlplane.cli.main", "worker",
                       *(["--burst"] if burst else [])]
         for name in queues:
             self._args += ["--queues", name]
-        self._env = {**os.environ, "FLEET_REDIS_URL": redis_url, SUPERVISOR_ENV: str(os.getpid())}
+        self._env = {**os.environ, SUPERVISOR_ENV: str(os.getpid())}
+        if redis_url is not None:
+            self._env["FLEET_REDIS_URL"] = redis_url
         level = configured_level()  # `fleetctl --log-level` reaches the workers too
         if level is not None:
             self._env["FLEET_LOG_LEVEL"] = level

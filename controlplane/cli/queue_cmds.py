@@ -24,12 +24,17 @@ from controlplane.submission import MAX_SUBMISSION_BYTES, read_submission
 from events.database import migrate
 from events.store import EventStore
 from workers.claims import claim
-from workers.connections import UP_DATABASE_KEY, connect, redis_url_in_use, up_database
+from workers.connections import (
+    UP_DATABASE_KEY,
+    connect,
+    redis_url_in_use,
+    up_database,
+)
 from workers.outage import mark_queue
 from workers.pipeline import EMBEDDED_HINT, Submitted, inbox_for, wait_for_decisions
 from workers.pipeline import reconcile as reconcile_pending
 from workers.pipeline import submit as submit_commands
-from workers.runner import SUPERVISOR_ENV, EmbeddedRedisServer, drain, serve
+from workers.runner import SUPERVISOR_ENV, EmbeddedRedisServer, UpFollower, drain, serve
 from workers.stranded import sweep_seconds
 from workers.supervision import StopSignals, UpFile, WorkerProcesses
 
@@ -189,8 +194,9 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
     if as_json:  # the start-up line: one JSON object, before the workers run
         announce({"queue": redacted_url(url), "queues": list(queues), "processes": processes,
                   "burst": burst, "re_enqueued": len(reconciled.accepted_ids)}, as_json=True)
-    if processes > 1:
-        _supervise_workers(ctx, processes, url, queues, burst, settings.stop_grace_seconds)
+    if processes > 1:  # attached to `up` through its up-file, each follows the file
+        _supervise_workers(ctx, processes, url if settings.redis_url is not None else None,
+                           queues, burst, settings.stop_grace_seconds)
     elif burst:
         drained = drain(connect(settings), queues)
         if drained.stopped:
@@ -200,12 +206,16 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
                 f"{len(drained.failed_job_ids)} job(s) failed after every retry (the first: "
                 f"{drained.failed_job_ids[0]}; the worker log says why); their commands stay "
                 "in the inbox, undecided: `fleetctl reconcile` enqueues them again")
+    elif settings.redis_url is None:  # attached to `up` through its up-file: follow the file
+        follower = UpFollower(settings, url)
+        serve(follower.connect, queues, lambda: reconcile_pending(settings, store),
+              inbox_for(settings, store), follower)
     else:  # through a lost Redis: wait for it, reconcile (it may be back empty), go on
         serve(lambda: connect(settings), queues, lambda: reconcile_pending(settings, store),
               inbox_for(settings, store))
 
 
-def _supervise_workers(ctx: click.Context, count: int, url: str, queues: tuple[str, ...],
+def _supervise_workers(ctx: click.Context, count: int, url: str | None, queues: tuple[str, ...],
                        burst: bool, grace_seconds: int) -> None:
     stop = StopSignals()  # before the first child: a signal from now on stops them all
     with WorkerProcesses(url, queues, burst, grace_seconds) as children:

@@ -70,6 +70,7 @@ class StandIn:
     def __init__(self, runs: list[str], stop_after: int) -> None:
         self.runs, self.stop_after = runs, stop_after
         self._shutdown_requested_date: datetime | None = None
+        self.pubsub_thread = None  # it listens for no RQ command
 
     def work(self, **_: Any) -> bool:
         self.runs.append("run")

@@ -259,3 +259,34 @@ def test_workers_of_an_up_killed_with_sigkill_stop_by_themselves(
     while any(alive(pid) for pid in workers):
         assert time.monotonic() < deadline, "a worker outlived its killed supervisor"
         time.sleep(0.2)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_worker_attached_through_the_up_file_follows_a_restarted_up(
+        sqlite_url: str, up_processes: list[subprocess.Popen[str]], processes: int) -> None:
+    # The worker kept trying the stopped `up`'s port for good: a restarted `up` serves another
+    # port, and its jobs waited with no worker.
+    first, started = start_up(sqlite_url, up_processes, workers=0)
+    worker = start_fleetctl("worker", "--processes", str(processes),
+                            env=fleetctl_environment(sqlite_url))
+    up_processes.append(worker)
+    serving(started, workers=processes).close()
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=60)
+    assert first.returncode == 0
+    second, restarted = start_up(sqlite_url, up_processes, workers=0)
+    assert restarted["redis_url"] != started["redis_url"]
+    serving(restarted, workers=processes).close()  # the attached workers, there by themselves
+    result = run_cli("submit", "--wait", "--timeout", "60", "-",
+                     input_text=json.dumps(assess_memory("after-restart")))
+    assert result.exit_code == 0, result.stderr
+    assert "after-restart" in result.output
+    assert worker.poll() is None
+    worker.send_signal(signal.SIGTERM)
+    _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 0, stderr
+    # It noticed the new `up` through the file (`up_moved`) or lost the old one's Redis first
+    # (RQ quits on a reset connection); either way it connected once more, to the new one.
+    assert len(log_events(stderr, "serving_again")) == processes, stderr
+    second.send_signal(signal.SIGTERM)
+    second.communicate(timeout=60)
