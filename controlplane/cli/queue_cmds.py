@@ -165,9 +165,9 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
     their work horses are killed, the commands of a job cut short staying in the inbox for
     `fleetctl reconcile`. Never a traceback; no process left behind.
     """
+    sweep_seconds()  # checked before anything is opened or runs
     settings, store = settings_and_store()
     _catalog_readable()
-    sweep_seconds()  # checked before anything runs
     if queue_names:  # what it enqueues (a reconcile, follow-ups) goes to the queues it serves
         settings = dataclasses.replace(settings, queues=queue_names)
     queues = settings.queues
@@ -280,6 +280,7 @@ def up(port: int, worker_count: int, as_json: bool) -> None:
     removed and `up` exits 0. A job cut short leaves its commands in the inbox for `fleetctl
     reconcile`. Never a traceback; no process left behind.
     """
+    sweep_seconds()  # its workers read it: checked before anything is opened or served
     settings, store = settings_and_store()
     if settings.redis_url is not None:  # submits from here would go there, not to this `up`
         raise InputError(f"FLEET_REDIS_URL is set ({redacted_url(settings.redis_url)}): `up` "

@@ -37,6 +37,7 @@ from tests.process_helpers import (
 )
 from workers.processes import kill_process_tree
 from workers.queue import command_queue, enqueue_commands
+from workers.stranded import SWEEP_ENV
 from workers.supervision import RESTART_LIMIT
 
 
@@ -234,13 +235,18 @@ def test_up_stopped_by_sigint_or_sighup_stops_its_worker_and_removes_its_up_file
     assert not up_file_of(sqlite_url).exists()
 
 @pytest.mark.parametrize("command", ["up", "worker"])
-@pytest.mark.parametrize("grace", ["soon", "0", "604801"])
-def test_a_bad_stop_grace_is_refused_naming_the_variable_and_writes_nothing(
-        sqlite_url: str, monkeypatch: pytest.MonkeyPatch, command: str, grace: str) -> None:
-    monkeypatch.setenv(STOP_GRACE_ENV, grace)
+@pytest.mark.parametrize(("variable", "value"), [
+    (STOP_GRACE_ENV, "soon"), (STOP_GRACE_ENV, "0"), (STOP_GRACE_ENV, "604801"),
+    # `up` served, its workers each exited 2 on it, and it gave up with exit 3.
+    (SWEEP_ENV, "0"), (SWEEP_ENV, "often"),
+])
+def test_a_bad_worker_setting_is_refused_naming_the_variable_and_writes_nothing(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch, command: str, variable: str,
+        value: str) -> None:
+    monkeypatch.setenv(variable, value)
     result = run_cli(command)
     assert result.exit_code == 2, result.stderr
-    assert result.stderr.startswith(f"error: {STOP_GRACE_ENV} must be"), result.stderr
+    assert result.stderr.startswith(f"error: {variable} must be"), result.stderr
     assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()
 
 
