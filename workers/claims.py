@@ -6,7 +6,9 @@ command as unknown; its commands waited in the inbox. So every serving or draini
 claims its queues for its log (the hash of the log's first event, which no other log has:
 `EventStore.log_id`) for CLAIM_SECONDS, renewed from its heartbeat; a worker, `submit` or
 `reconcile` of another log is refused (exit 2, naming FLEET_QUEUE) while the claim lasts,
-before it writes or enqueues anything. A log with no events yet claims nothing.
+before it writes or enqueues anything. A log with no events yet claims nothing and cannot be
+checked before its first submit writes: those commands are recorded, not enqueued there, and
+the refusal exits 3 (recorded, waiting for `reconcile`, as when Redis is unreachable).
 """
 
 from __future__ import annotations

@@ -126,10 +126,10 @@ def submit(settings: Settings, store: EventStore, commands: Sequence[CommandBase
     if claimed and log_id is None:  # the log's first events: it has a name only now
         try:
             check_claim(connection, settings.command_queue, store.log_id())
-        except InputError as error:
-            raise InputError(f"{error}; {len(undecided)} command(s) are recorded in the inbox, "
-                             "undecided: `fleetctl reconcile` with a queue of this database's "
-                             "own enqueues them") from None
+        except InputError as error:  # written, so not "bad input, nothing written" (exit 2)
+            raise OperationalError(
+                f"{error}; {len(undecided)} command(s) are recorded in the inbox, undecided: "
+                "`fleetctl reconcile` with a queue of this database's own enqueues them") from None
     try:
         job_ids = enqueue_commands(connection, settings, undecided)
     except RedisError as error:  # it answered the probe, then refused (out of memory, say)

@@ -71,7 +71,7 @@ def test_an_empty_logs_first_submit_is_not_enqueued_on_another_logs_queue(
     queue = os.environ["FLEET_QUEUE"]
     real_redis.set(claim_key(queue), "0" * 64, ex=CLAIM_SECONDS)
     result = run_cli("submit", str(submit_one(tmp_path, "first")))
-    assert result.exit_code == 2, result.stderr
+    assert result.exit_code == 3, result.stderr  # written: not "bad input, nothing written"
     assert "1 command(s) are recorded in the inbox, undecided" in result.stderr
     assert real_redis.llen(f"rq:queue:{queue}") == 0
 
