@@ -18,6 +18,7 @@ from controlplane.cli.output import announce, emit, fail
 from controlplane.commands import CommandBase
 from controlplane.errors import InputError, OperationalError
 from controlplane.files import read_at_most
+from controlplane.gateway.fixture_provider import usable_fixture_dir
 from controlplane.service import Outcome
 from controlplane.settings import MAX_WORKER_PROCESSES, Settings, checked_queue_name, redacted_url
 from controlplane.submission import MAX_SUBMISSION_BYTES, read_submission
@@ -240,12 +241,17 @@ def _interrupted(ctx: click.Context) -> None:
 def _catalog_readable() -> None:
     """InputError naming FLEET_FIXTURES_DIR unless the model and GPU catalog can be read: a
     worker without it would record each `RegisterModel` by catalog id it decides as rejected
-    (`catalog_unreadable`), for good, for a fault of its own machine."""
+    (`catalog_unreadable`), for good, for a fault of its own machine. Likewise naming
+    FLEET_GATEWAY_FIXTURE_DIR when it is set to a path the gateway's fixture provider cannot
+    use (every `Dispatch` would fail there)."""
     try:
         load_catalog()
     except CatalogError as error:
         raise InputError(f"{FIXTURES_ENV}: the catalog in {fixtures_dir()} cannot be read "
                          f"({error.message}); a worker needs it to decide RegisterModel") from None
+    problem = usable_fixture_dir()
+    if problem is not None:
+        raise InputError(problem)
 
 
 def _catalog_readable_if_deciding_here(settings: Settings) -> None:

@@ -69,7 +69,13 @@ def _execute(store: EventStore, event: RecordedEvent) -> None:
         return
     request = _request(store, event, dispatch)
     try:
-        result = adapter_for(dispatch["adapter_kind"]).call(request)
+        adapter = adapter_for(dispatch["adapter_kind"])
+    except Exception as error:  # no adapter to send with: nothing left, the grant goes back
+        _record(store, event, refused(event, f"no adapter could be opened: "
+                                             f"{type(error).__name__}: {error}"))
+        return
+    try:
+        result = adapter.call(request)
     except RefusedBeforeSend as refusal:
         _record(store, event, refused(event, str(refusal)))
         return

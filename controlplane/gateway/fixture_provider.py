@@ -151,6 +151,22 @@ def _private_directory(pid: int) -> str:
     return tempfile.mkdtemp(prefix=f"fleet-gateway-fixture-{pid}-")
 
 
+def usable_fixture_dir() -> str | None:
+    """The problem with `FLEET_GATEWAY_FIXTURE_DIR`, if set and not a directory this process can
+    use (it is created if missing, as the provider would); None when it is fine or unset."""
+    directory = os.environ.get(FIXTURE_DIR_ENV)
+    if not directory:
+        return None
+    try:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        with open(Path(directory) / "lock", "a+"):
+            pass
+    except OSError as error:
+        return f"{FIXTURE_DIR_ENV}: {directory} cannot be used as a directory " \
+               f"({error.strerror or error})"
+    return None
+
+
 def fixture_provider() -> FixtureProvider:
     """The provider this process's fixture adapters talk to (see the module docstring)."""
     directory = os.environ.get(FIXTURE_DIR_ENV) or _private_directory(os.getpid())

@@ -7,6 +7,7 @@ operation and its state, and the shared budget; and the log re-derives and rebui
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from controlplane.commands.gateway import (
     RevokePrincipal,
     RevokeSource,
 )
-from controlplane.gateway.fixture_provider import Fault
+from controlplane.gateway.fixture_provider import FIXTURE_DIR_ENV, Fault
 from controlplane.gateway.scenario import GatewayDriver, dispatch, route, words
 from controlplane.state import gateway as gw
 from events import transaction
@@ -162,6 +163,19 @@ def test_a_refusal_before_sending_releases_the_grant_and_is_never_sent_again(
     replay = gateway.send(dispatch("alice", "k9r"))
     assert (replay["outcome"], replay["replayed"]) == ("provider_refused", True)
     assert gateway.calls(key="k9r") == 1
+
+
+def test_a_provider_that_cannot_be_opened_is_a_refusal_before_sending_not_an_unknown_outcome(
+        gateway: GatewayDriver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The adapter failed to open before any send, yet the operation was recorded as an unknown
+    # outcome, its grant held until someone reconciled it by hand.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(FIXTURE_DIR_ENV, str(blocker / "provider"))
+    response = gateway.send(dispatch("alice", "k9n"))
+    assert response["outcome"] == "provider_refused", response
+    assert gateway.operation("acme", "k9n")["state"] == "failed"  # type: ignore[index]
+    assert budget_figures(gateway) == (0, 0)
 
 
 def test_7_a_replay_keeps_the_original_bundle_after_the_release_moves(

@@ -212,6 +212,23 @@ def test_a_process_that_would_decide_without_the_catalog_refuses_to_start(
     assert not database_file(tmp_path).exists() or events_in(database_file(tmp_path)) == 0
 
 
+@pytest.mark.parametrize("command", [("worker", "--burst"), ("up", "--workers", "0"),
+                                     ("submit", "COMMANDS"), ("reconcile",)])
+def test_a_process_that_would_decide_with_an_unusable_gateway_fixture_dir_refuses_to_start(
+        command: tuple[str, ...], commands: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started anyway, every `Dispatch` it decided found no provider to call."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FLEET_GATEWAY_FIXTURE_DIR", str(blocker / "provider"))
+    result = run_cli(*(str(commands) if part == "COMMANDS" else part for part in command))
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"error: FLEET_GATEWAY_FIXTURE_DIR: {blocker / 'provider'} "
+                                    "cannot be used as a directory (Not a directory)"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not database_file(tmp_path).exists() or events_in(database_file(tmp_path)) == 0
+
+
 def test_up_with_a_redis_url_set_is_refused_since_submits_would_go_there(
         commands: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`up` serves a Redis of its own; it had started and said "`fleetctl submit` here
