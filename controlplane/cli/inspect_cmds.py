@@ -136,6 +136,8 @@ def _render_explanation(report: dict[str, Any]) -> str:
             lines += [f"      ruled out {line}" for line in ruled[:MAX_ALTERNATIVES]]
             if len(ruled) > MAX_ALTERNATIVES:
                 lines.append(f"      ... and {len(ruled) - MAX_ALTERNATIVES} more (--json has all)")
+    if report.get("operation") is not None:
+        lines += _render_operation(report["operation"])
     if report.get("awaiting_decision"):
         lines.append("    accepted, awaiting a decision (`fleetctl status` counts those waiting)")
     elif report.get("decided_at"):
@@ -143,6 +145,37 @@ def _render_explanation(report: dict[str, Any]) -> str:
         lines.append(f"    decided at #{report['decided_at'][0]} (`fleetctl explain {command_id}` "
                      "explains the decision)")
     return "\n".join(lines)
+
+
+def _render_operation(explained: dict[str, Any]) -> list[str]:
+    """A gateway operation's denials, steps, evidence, adapter calls and budget movements."""
+    lines = [f"denied at {d['step']}: {d['code']} (#{d['position']}, {d['command_id']})"
+             for d in explained["denials"]]
+    operation = explained["operation"]
+    if operation is None:
+        return lines
+    lines.append(f"operation {operation['operation_id']}: {operation['state']}"
+                 + (f" ({operation['outcome_code']})"
+                    if operation.get("outcome_code") not in (None, operation["state"]) else "")
+                 + f"; release {operation['release_id']}, profile {operation['profile_id']}, "
+                   f"route {operation['route_id']} ({operation['adapter_kind']})")
+    for step in explained["steps"]:
+        codes = ", ".join(step["codes"])
+        lines.append(f"    step {step['step']}: {step['outcome']}" + (f" ({codes})" if codes else ""))
+    for source in explained["evidence"]:
+        now = ("active" if source["active_now"] else "inactive") + \
+            f", now version {source['current_version']}"
+        lines.append(f"    evidence {source['source_ref']} version {source['admitted_version']} "
+                     f"({now})")
+    adapter = explained["adapter"]
+    lines.append(f"    sent to the provider {adapter['dispatch_count']} time(s)"
+                 + (f", request {adapter['provider_request_id']}"
+                    if adapter.get("provider_request_id") else ""))
+    for move in explained["budget"]:
+        lines.append(f"    budget #{move['position']} {move['event_type']}: grant "
+                     f"{move['grant_units']}, committed {move['committed_units']}, released "
+                     f"{move['released_units']}")
+    return lines
 
 
 @click.command()

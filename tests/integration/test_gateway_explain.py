@@ -148,6 +148,27 @@ def test_fleetctl_explain_of_an_operation_shows_its_steps_evidence_and_budget(
                                                              "OperationDispatching"]
 
 
+def test_fleetctl_explain_text_of_an_operation_shows_its_steps_evidence_calls_and_budget(
+        gateway: GatewayDriver) -> None:
+    # The text showed the event chain alone; the steps, evidence and budget were in --json only.
+    command = dispatch("alice", "kop")
+    gateway.send(command)
+    result = run_cli("explain", f"operation/{command.tenant}/kop")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(run_cli("explain", f"operation/{command.tenant}/kop", "--json").output)
+    explained = report["operation"]
+    assert f"operation {explained['operation']['operation_id']}: completed" in result.output
+    for step in explained["steps"]:
+        assert f"    step {step['step']}: {step['outcome']}" in result.output
+    for source in explained["evidence"]:
+        assert f"    evidence {source['source_ref']} version {source['admitted_version']} (" \
+            in result.output
+    assert "    sent to the provider 1 time(s), request " in result.output
+    assert len(explained["budget"]) >= 2
+    for move in explained["budget"]:
+        assert f"    budget #{move['position']} {move['event_type']}: grant " in result.output
+
+
 def test_explain_text_names_each_route_ruled_out_and_by_what(gateway: GatewayDriver) -> None:
     gateway.run(route("sh-1", ready=False))
     gateway.send(dispatch("alice", "kr"))
