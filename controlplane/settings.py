@@ -74,6 +74,9 @@ def checked_redis_url(url: str, source: str = "FLEET_REDIS_URL") -> str:
         if not (index.isascii() and index.isdigit()) or int(index) > _MAX_REDIS_DB:
             raise InputError(f"{source} names database {index[:20]!r}; a Redis database is a "
                              f"whole number from 0 to {_MAX_REDIS_DB}")
+    if len({int(index) for index in indexes}) > 1:  # redis-py takes the query's, we showed the path's
+        raise InputError(f"{source} names more than one database ({', '.join(indexes)}); name "
+                         "one, in the path or as ?db=")
     _check_connection_options(url, source)
     return url
 
@@ -184,8 +187,8 @@ class Settings:
 
 
 def redacted_url(url: str) -> str:
-    """The URL's scheme, host, port and path only: no user info, no query (passwords live
-    there)."""
+    """The URL's scheme, host, port and path only, and a Redis `db` given in the query: no
+    user info, no other query (passwords live there)."""
     if "://" not in url:  # not a URL: a label such as "sqlite (temporary)"
         return url
     parts = urlsplit(url)
@@ -193,4 +196,6 @@ def redacted_url(url: str) -> str:
         port = f":{parts.port}" if parts.port is not None else ""
     except ValueError:  # not a number: left out, as anything unparsed
         port = ""
-    return f"{parts.scheme}://{parts.hostname or ''}{port}{parts.path}"
+    index = [value for key, value in _query_pairs(parts.query) if key == "db"][:1]
+    database = f"?db={index[0][:20]}" if index and parts.scheme in REDIS_SCHEMES else ""
+    return f"{parts.scheme}://{parts.hostname or ''}{port}{parts.path}{database}"

@@ -74,7 +74,9 @@ def test_a_queue_name_of_letters_digits_dashes_and_underscores_is_served(
                                  "rediss://127.0.0.1:6379/0?ssl_cert_reqs=bogus",
                                  "redis://127.0.0.1:6379/0?foo=1",
                                  "redis://127.0.0.1:6379/0?protocol=9",
-                                 "redis://127.0.0.1:6379/0?socket_timeout=abc"])
+                                 "redis://127.0.0.1:6379/0?socket_timeout=abc",
+                                 # two indexes: redis-py used the query's, we named the path's
+                                 "redis://127.0.0.1:6379/11?db=12"])
 def test_a_redis_url_redis_py_would_misread_is_refused_before_the_log_is_created(
         url: str, commands: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEET_REDIS_URL", url)
@@ -85,7 +87,8 @@ def test_a_redis_url_redis_py_would_misread_is_refused_before_the_log_is_created
 
 @pytest.mark.parametrize("url, db", [("redis://h:6379/0", 0), ("redis://h", 0),
                                      ("redis://h/", 0), ("rediss://u:p@h:1/3", 3),
-                                     ("redis://h?db=4", 4), ("unix:///tmp/r.sock?db=2", 2)])
+                                     ("redis://h?db=4", 4), ("unix:///tmp/r.sock?db=2", 2),
+                                     ("redis://h/5?db=5", 5)])
 def test_every_redis_url_form_redis_py_reads_as_written_is_accepted(url: str, db: int) -> None:
     assert checked_redis_url(url) == url
     assert parse_url(url).get("db", 0) == db  # the index we let through is the one used

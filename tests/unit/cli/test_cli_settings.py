@@ -40,6 +40,8 @@ def test_a_setting_past_its_bound_is_refused_naming_it(monkeypatch: pytest.Monke
     ("sqlite:///sim.db?password=hunter2", "sqlite:///sim.db"),
     ("sqlite:////tmp/sim.db", "sqlite:////tmp/sim.db"),
     ("redis://:hunter2@127.0.0.1:notaport/0", "redis://127.0.0.1/0"),
+    # the database redis-py uses, not 0 (it is not a secret)
+    ("redis://:hunter2@127.0.0.1:6379?password=x&db=4", "redis://127.0.0.1:6379?db=4"),
     ("sqlite (temporary)", "sqlite (temporary)")])
 def test_a_redacted_url_keeps_where_it_points_and_drops_credentials(url: str, shown: str) -> None:
     assert redacted_url(url) == shown
