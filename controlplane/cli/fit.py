@@ -10,6 +10,7 @@ import click
 from controlplane.catalog.config_values import ConfigValueError
 from controlplane.catalog.dtypes import DType
 from controlplane.catalog.fit import DEFAULT_USABLE_FRACTION, FitReport, FitRequest, plan_fit
+from controlplane.catalog.registry import FIXTURES_ENV
 from controlplane.catalog.subject import ArchitectureOverrides
 from controlplane.policies.reasons import PolicyInputError, to_plain
 
@@ -115,6 +116,8 @@ def _blamed(error: PolicyInputError) -> tuple[str, dict[str, str]]:
     if isinstance(error, ConfigValueError):
         file = f"{error.config_file}: " if error.config_file else ""
         return f"{file}config key {error.field}", {}
+    if error.code == "catalog_unreadable":  # the catalog's files: where FLEET_FIXTURES_DIR points
+        return f"{FIXTURES_ENV} ({error.field})", {"variable": FIXTURES_ENV}
     flag = _FLAGS.get(error.field, error.field)
     return flag, {"option": flag}
 

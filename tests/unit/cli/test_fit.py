@@ -182,3 +182,14 @@ def test_a_pipelined_sliding_window_model_is_sized_on_its_heaviest_stage() -> No
         6144, 6242)
     window = [n for n in two_stages["notes"] if n["code"] == "kv_window_applied"][0]
     assert window["facts"]["kv_tokens_per_sequence"] == 6242
+
+
+def test_a_catalog_it_cannot_read_is_blamed_on_the_fixtures_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It named the file alone: nothing said FLEET_FIXTURES_DIR pointed there.
+    monkeypatch.setenv("FLEET_FIXTURES_DIR", str(tmp_path / "nowhere"))
+    result = run("--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100")
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        f"error: FLEET_FIXTURES_DIR ({tmp_path / 'nowhere' / 'catalog' / 'models.json'}): ")
+    assert result.stderr.rstrip().endswith("[catalog_unreadable]")
