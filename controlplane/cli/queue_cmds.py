@@ -185,12 +185,11 @@ def worker(ctx: click.Context, burst: bool, queue_names: tuple[str, ...], proces
     # had enqueued the whole backlog N more times.
     supervised = url is not None and os.environ.get(SUPERVISOR_ENV) is not None
     reconciled = Submitted([], [], False) if supervised else reconcile_pending(settings, store)
-    if url is None:
-        if as_json:
-            announce({"queue": "embedded", "re_enqueued": len(reconciled.accepted_ids),
-                      "decided_in_process": True}, as_json=True)
-        else:
-            click.echo("embedded queue: decided every pending command in-process", err=True)
+    if url is None:  # its result, on stdout as every result
+        announce({"queue": "embedded", "re_enqueued": len(reconciled.accepted_ids),
+                  "decided_in_process": True}, as_json,
+                 lambda r: f"embedded queue: decided {r['re_enqueued']} pending command(s) "
+                           "in-process")
         return
     if as_json:  # the start-up line: one JSON object, before the workers run
         announce({"queue": redacted_url(url), "queues": list(queues), "processes": processes,

@@ -448,6 +448,13 @@ def test_worker_answers_in_json(tmp_path: Path, embedded: str) -> None:
                                          "decided_in_process": True}
 
 
+def test_an_embedded_worker_prints_its_result_on_stdout(tmp_path: Path, embedded: str) -> None:
+    # It went to stderr: `fleetctl worker 2>/dev/null` printed nothing.
+    result = run_cli("worker")
+    assert result.exit_code == 0, result.stderr
+    assert result.output == "embedded queue: decided 0 pending command(s) in-process\n"
+
+
 def _drifting_assess_memory(monkeypatch: pytest.MonkeyPatch, new_version: int | None) -> None:
     """Today's AssessMemory decides every command the other way; with `new_version`, its rules
     version was bumped to say so (an upgrade); without, it was not (a fault)."""
