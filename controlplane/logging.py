@@ -86,6 +86,9 @@ def configure_logging(level: str | None = None) -> None:
     logging.basicConfig(handlers=[handler], level=max(numeric, logging.WARNING))
 
 
+TRACEBACK_MARKER = "Traceback (most recent call last):"
+
+
 class LineFormatter(logging.Formatter):
     """A standard-library log record as one line: JSON with structlog's keys (`event`,
     `level`, `timestamp`) plus `logger` and, when one is attached, `exception` (its type and
@@ -96,10 +99,16 @@ class LineFormatter(logging.Formatter):
         self.as_json = as_json
 
     def format(self, record: logging.LogRecord) -> str:
-        message = " ".join(record.getMessage().split())
+        # RQ writes a failed job's traceback into the message itself: it is cut there, and its
+        # last line (the exception) kept as the `exception` field.
+        text, marker, traceback = record.getMessage().partition(TRACEBACK_MARKER)
+        message = " ".join(text.split())
         error = record.exc_info[1] if record.exc_info else None
         exception = None if error is None else \
             f"{type(error).__name__}: {' '.join(str(error).split())[:500]}"
+        if marker and exception is None:
+            last = [line.strip() for line in traceback.splitlines() if line.strip()][-1:]
+            exception = last[0][:500] if last else None
         if not self.as_json:
             return f"{record.levelname} {record.name}: {message}" + \
                 (f" ({exception})" if exception else "")

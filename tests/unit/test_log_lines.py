@@ -41,3 +41,22 @@ def test_a_librarys_error_with_its_traceback_is_one_json_line_naming_the_excepti
     assert record["event"] == "job j: raised while executing"
     assert (record["level"], record["logger"]) == ("error", "rq.worker")
     assert record["exception"] == "ZeroDivisionError: division by zero"
+
+
+def test_a_traceback_written_into_the_message_is_cut_and_its_exception_kept() -> None:
+    """RQ writes a failed job's traceback into the message text itself (no exc_info): every
+    file path and frame ended up in `event`."""
+    import logging
+
+    from controlplane.logging import LineFormatter
+
+    message = ("[Job j]: exception raised while executing (decide_commands)\n"
+               "Traceback (most recent call last):\n  File \"/x/jobs.py\", line 3, in f\n"
+               "    raise TypeError(bad)\nTypeError: command ids must be strings\n")
+    record = logging.LogRecord("rq.worker", logging.ERROR, __file__, 1, message, None, None)
+    line = json.loads(LineFormatter(as_json=True).format(record))
+    assert line["event"] == "[Job j]: exception raised while executing (decide_commands)"
+    assert line["exception"] == "TypeError: command ids must be strings"
+    plain = LineFormatter(as_json=False).format(record)
+    assert plain == ("ERROR rq.worker: [Job j]: exception raised while executing "
+                     "(decide_commands) (TypeError: command ids must be strings)")
