@@ -105,12 +105,19 @@ def _queue_from_env() -> str:
     return checked_queue_name(os.environ.get("FLEET_QUEUE") or COMMAND_QUEUE, "FLEET_QUEUE")
 
 
+# What SQLAlchemy's SQLite driver takes from a URL's query; it ignores (with a warning) any
+# other argument unless `uri=true` hands them all to SQLite.
+SQLITE_DRIVER_ARGUMENTS = frozenset(("timeout", "isolation_level", "detect_types",
+                                     "check_same_thread", "cached_statements", "uri"))
+
+
 def in_memory_sqlite(url: str) -> bool:
     """Whether `url` names a SQLite database in memory, which keeps nothing past its process."""
     base, _, query = url.partition("?")
     scheme, _, rest = base.partition("://")
-    return scheme.split("+")[0] == "sqlite" and (rest in ("", "/", "/:memory:")
-                                                 or "mode=memory" in query)
+    return scheme.split("+")[0] == "sqlite" and (
+        rest in ("", "/", "/:memory:") or "mode=memory" in query
+        or (":memory:" in rest and "uri=true" in query.lower()))
 
 
 def _database_url_from_env() -> str:
@@ -119,6 +126,16 @@ def _database_url_from_env() -> str:
         raise InputError("FLEET_DATABASE_URL names a SQLite database in memory, which keeps "
                          "nothing once this fleetctl exits: name a file (sqlite:///PATH) or a "
                          "PostgreSQL database")
+    base, _, query = url.partition("?")
+    if base.split("://")[0].split("+")[0] == "sqlite":
+        pairs = _query_pairs(query)
+        ignored = sorted({key for key, _ in pairs if key not in SQLITE_DRIVER_ARGUMENTS})
+        if ignored and ("uri", "true") not in {(k, v.lower()) for k, v in pairs}:
+            raise InputError(
+                f"FLEET_DATABASE_URL passes {', '.join(map(repr, ignored))} to SQLite, which "
+                "ignores it unless the URL also says uri=true (without it, "
+                "`sqlite:///file::memory:?cache=shared` names a file called `file::memory:`): "
+                "drop it, or add uri=true")
     return url
 
 

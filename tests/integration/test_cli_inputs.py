@@ -366,8 +366,22 @@ def test_results_that_cannot_be_written_exit_3_in_one_line_not_a_traceback(
     assert result.stderr.strip().splitlines() == ["error: system error: No space left on device"]
 
 
+@pytest.mark.parametrize("query", ["cache=shared", "foo=1&timeout=5"])
+def test_a_sqlite_query_argument_the_driver_would_ignore_is_refused_naming_the_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, query: str) -> None:
+    # `sqlite:///file::memory:?cache=shared` made a file called `file::memory:`, with a raw
+    # two-line SQLAlchemy warning on stderr.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FLEET_DATABASE_URL", f"sqlite:///file::memory:?{query}")
+    result = run_cli("init")
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("error: FLEET_DATABASE_URL passes '"), result.stderr
+    assert len(result.stderr.splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite+pysqlite://",
-                                 "sqlite:///file:fleet?mode=memory&uri=true"])
+                                 "sqlite:///file:fleet?mode=memory&uri=true",
+                                 "sqlite:///file::memory:?cache=shared&uri=true"])
 def test_a_database_in_memory_is_refused_since_it_keeps_no_decision(
         embedded: str, monkeypatch: pytest.MonkeyPatch, url: str) -> None:
     """`submit` exited 0 and its decisions were gone with the process; `simulate --log` too."""
