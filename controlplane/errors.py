@@ -36,8 +36,9 @@ class FieldProblem:
 
 
 class SubmissionRejected(InputError):
-    """A submission had at least one bad line; every problem is listed and nothing was written."""
+    """A submission had at least one bad line; every problem is listed (in line order, a line's
+    own in the order found) and nothing was written."""
 
     def __init__(self, problems: list[FieldProblem]) -> None:
         super().__init__(f"{len(problems)} problem(s) in the submission; nothing was written")
-        self.problems = problems
+        self.problems = sorted(problems, key=lambda problem: problem.line)

@@ -133,7 +133,8 @@ def read_submission(text: str) -> Submission:
             commands.append(command)
             line_numbers.append(number)
     if problems:
-        raise SubmissionRejected(problems[:MAX_PROBLEMS_LISTED])
+        # The first lines' problems, whichever pass found them.
+        raise SubmissionRejected(sorted(problems, key=lambda p: p.line)[:MAX_PROBLEMS_LISTED])
     if not commands:
         raise InputError("the submission holds no commands")
     return Submission(commands, line_numbers)

@@ -41,6 +41,14 @@ def test_a_line_that_is_not_json_is_named() -> None:
     assert problems_of(lines(assess_memory("a"), "{not json")) == [(2, "(json)")]
 
 
+def test_problems_are_listed_in_line_order_whichever_pass_found_them() -> None:
+    # Lines that were not JSON came first, then the fields: 4, 6, 2, 3, 3, 5.
+    bad = assess_memory("b")
+    bad["deployment"]["target_concurrency"] = "eight"
+    found = problems_of(lines(assess_memory("a"), bad, "{not json", bad, "[1"))
+    assert [line for line, _ in found] == [2, 3, 4, 5]
+
+
 def test_one_command_written_over_several_lines_is_read_as_that_command() -> None:
     command = assess_memory("a")
     pretty = json.dumps(command, indent=2)
