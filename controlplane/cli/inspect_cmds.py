@@ -99,7 +99,12 @@ def log_command(stream_id: str | None, event_type: str | None, command_id: str |
 @click.argument("identifier", callback=_utf8)
 @json_option
 def explain(identifier: str, as_json: bool) -> None:
-    """Explain a decision by event id, command id or request id."""
+    """Explain a decision and its causation chain.
+
+    IDENTIFIER: an event id, a command id, a stream id (replica/r1), a request, replica, rollout,
+    plan, node, pool or memory id (its latest decision), or operation/TENANT/KEY (a gateway
+    operation: its steps, evidence, calls and budget).
+    """
     store = existing_store()
     explanation = explain_id(store, identifier)
     emit(explanation, as_json, _render_explanation)

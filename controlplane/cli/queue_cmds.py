@@ -268,7 +268,8 @@ def _catalog_readable_if_deciding_here(settings: Settings) -> None:
               help="Forking worker processes to run (0: serve the Redis only).")
 @json_option
 def up(port: int, worker_count: int, as_json: bool) -> None:
-    """Serve the embedded fake Redis on a loopback port plus workers, until SIGTERM or SIGINT.
+    """Serve the embedded fake Redis on a loopback port plus workers, until SIGTERM, SIGINT or
+    SIGHUP.
 
     One `up` per database: while one serves it (holding a lock: a flock on a SQLite file, an
     advisory lock on PostgreSQL), another `up` exits 3 naming its pid (and, on SQLite, the
