@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from workers.processes import descendants
+from workers.processes import alive, descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 # Worker processes get this long to stop before they are killed (settings.STOP_GRACE_ENV): the
@@ -45,15 +45,6 @@ def children(pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return [child for child in found if alive(child)]
-
-
-def alive(pid: int) -> bool:
-    """Whether `pid` runs (a zombie, dead and awaiting its parent, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):  # gone, or going as it is read
-        return False
 
 
 def tree(pid: int) -> list[int]:

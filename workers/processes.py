@@ -39,3 +39,12 @@ def descendants(pid: int) -> list[int]:
         found.extend(children)
         parents.extend(children)
     return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs on this machine (a zombie, dead and awaiting its parent, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):  # gone, or going as it is read
+        return False

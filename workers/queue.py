@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 from collections.abc import Sequence
 
 from redis import Redis
@@ -12,6 +13,7 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from controlplane.settings import Settings
+from workers.processes import alive
 
 RETRY = Retry(max=3, interval=[1, 5, 30])
 # By dotted path: the job module imports this one to enqueue follow-up commands.
@@ -85,11 +87,34 @@ def in_batches(command_ids: Sequence[str], size: int) -> list[list[str]]:
 def not_in_a_job(connection: Redis, settings: Settings, command_ids: Sequence[str]) -> list[str]:
     """`command_ids` but those of batches whose job (as `enqueue_commands` would name it) is
     still queued or running: enqueued again, it would be delivered, and its commands read,
-    once more. (Every batch but the last is full, so what is left batches as it did.)"""
+    once more. (Every batch but the last is full, so what is left batches as it did.)
+
+    A job RQ still counts as started whose worker ran on this machine and is gone (killed with
+    SIGKILL) is not running: RQ forgets it only when its heartbeat lapses, a minute or more,
+    and `reconcile` had re-enqueued nothing meanwhile."""
     queue = command_queue(connection, settings.command_queue)
-    present = {*queue.get_job_ids(), *StartedJobRegistry(queue=queue).get_job_ids()}
+    started = [job_id for job_id in StartedJobRegistry(queue=queue).get_job_ids()
+               if not _worker_gone_from_here(connection, job_id)]
+    present = {*queue.get_job_ids(), *started}
     return [command_id for batch in in_batches(command_ids, settings.batch_size)
             if batch_job_id(queue.name, batch) not in present for command_id in batch]
+
+
+def _worker_gone_from_here(connection: Redis, job_id: str) -> bool:
+    """Whether the worker running `job_id` says it runs on this machine, under a pid that no
+    longer runs here. Anything unknown (another host, no record) counts as running."""
+    worker_name = _text(connection.hget(Job.key_for(job_id), "worker_name"))
+    if not worker_name:
+        return False
+    hostname, pid = map(_text, connection.hmget(Worker.redis_worker_namespace_prefix + worker_name,
+                                                ["hostname", "pid"]))
+    if hostname != socket.gethostname() or pid is None or not pid.isdigit():
+        return False
+    return not alive(int(pid))
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def enqueue_commands(connection: Redis, settings: Settings, command_ids: Sequence[str],

@@ -20,6 +20,7 @@ import fakeredis
 import pytest
 from redis import Redis
 from rq import Queue, Retry, Worker
+from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from controlplane.commands import command_adapter
@@ -209,4 +210,30 @@ def test_a_reconcile_leaves_a_batch_whose_job_is_still_queued(
     assert queue.count == 3
     queue.empty()
     assert reconcile(settings, store).accepted_ids == ids
+    store.engine.dispose()
+
+
+def test_a_reconcile_re_enqueues_at_once_the_batch_of_a_worker_killed_on_this_machine(
+        sqlite_url: str, real_redis: Redis, processes: list[subprocess.Popen[str]]) -> None:
+    # RQ counts the job as started until its heartbeat lapses (a minute or more): `reconcile`
+    # had re-enqueued nothing, and `worker --burst` exited 0, its commands undecided.
+    store = open_store(sqlite_url)
+    settings = Settings(database_url=sqlite_url, redis_url=os.environ["FLEET_REDIS_URL"],
+                        queues=(os.environ["FLEET_QUEUE"],))
+    worker = start_fleetctl("worker", env=worker_env(sqlite_url))
+    processes.append(worker)
+    queue = command_queue(real_redis, settings.command_queue)
+    wait_until(lambda: bool(Worker.all(queue=queue)), 60, "the worker to serve")
+    ids = accept(store, [command_adapter.validate_python(assess_memory(f"k{i}"))
+                         for i in range(3)])
+    started = StartedJobRegistry(queue=queue)
+    with store.transaction():  # the job cannot append: it waits for this lock
+        enqueue_commands(real_redis, settings, ids)
+        wait_until(lambda: started.count == 1, 60, "the job to start")
+        kill_process_tree(worker.pid)
+        worker.communicate()
+    assert started.get_job_ids() == [batch_job_id(queue.name, ids)]  # RQ still counts it
+    assert reconcile(settings, store).accepted_ids == ids
+    assert burst(sqlite_url)[0] == 0
+    assert pending_command_ids(store) == []
     store.engine.dispose()
