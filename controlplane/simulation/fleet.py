@@ -1,7 +1,8 @@
 """The simulated fleet, built through the log: nodes, the model, policies, the first replicas.
 
 Everything here is a command decided by the control plane; the simulation learns each
-replica's tensor-parallel width and KV capacity from its recorded placement, never on its own.
+replica's tensor-parallel width, KV capacity and what its GPUs hold (which its step costs are
+priced from) from its recorded placement, never on its own.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from controlplane.errors import FleetError, InputError
 from controlplane.simulation.config import SimulationConfig
 from controlplane.simulation.control import ControlPlane, Decided
 from controlplane.simulation.costs import (
-    EngineCosts,
+    PlacedMemory,
     dense_bf16_tflops,
     engine_costs,
     service_tokens_per_second,
@@ -54,7 +55,6 @@ class Fleet:
 
     model: CatalogModel
     gpu: GpuType
-    costs: EngineCosts
     service_tokens_per_second: float
     block_size_tokens: int
     replicas: dict[str, SimReplica]
@@ -90,7 +90,7 @@ def replica_from(decided: Decided, fleet: Fleet, now_seconds: float) -> SimRepli
     result = placed.data["result"]
     kv_tokens = int(result["kv_capacity_tokens"])
     tp = int(result["tensor_parallel"])
-    costs = engine_costs(fleet.model, fleet.gpu, tp)
+    costs = engine_costs(fleet.model, fleet.gpu, tp, PlacedMemory.from_record(result["memory"]))
     return SimReplica(result["replica_id"], tp, kv_tokens, now_seconds,
                       ReplicaEngine(costs, kv_tokens, now_seconds),
                       ReplicaPrefixCache(fleet.block_size_tokens, kv_tokens // fleet.block_size_tokens))
@@ -111,21 +111,19 @@ def build_fleet(control: ControlPlane, config: SimulationConfig, trace: Trace,
     first = control.run([node(1), RegisterModel(command_id="model", at=start, actor="simulation",
                                                 model_id=model.model_id, catalog_id=model.model_id),
                          place_command(config, model, 1, start)])
-    fleet = Fleet(model, gpu, engine_costs(model, gpu, 1), 0.0,
-                  trace.block_size_tokens or DEFAULT_BLOCK_TOKENS, {})
+    fleet = Fleet(model, gpu, 0.0, trace.block_size_tokens or DEFAULT_BLOCK_TOKENS, {})
     replica = replica_from(first[-1], fleet, 0.0)
     if replica is None:
         refused = first[-1].first(PLACEMENT_REFUSED) or first[-1].events[0]
         codes = [reason["code"] for reason in refused.data.get("reasons", [])]
         raise PlacementRefusedError(f"the control plane refused to place {model.model_id} on "
                                     f"{gpu.gpu_id}: {', '.join(codes)}")
-    fleet.costs = replica.engine.costs
     fleet.replicas[replica.replica_id] = replica
     nodes = math.ceil(config.max_replicas * replica.tensor_parallel / config.gpus_per_node)
     mean_prompt = trace.prompt_tokens / len(trace.requests)
     mean_output = trace.output_tokens / len(trace.requests)
     fleet.service_tokens_per_second = config.service_tokens_per_second or round(
-        service_tokens_per_second(fleet.costs, mean_prompt, mean_output), 1)
+        service_tokens_per_second(replica.engine.costs, mean_prompt, mean_output), 1)
     commands: list[CommandBase] = [node(n) for n in range(2, nodes + 1)]
     commands += [place_command(config, model, n, start)
                  for n in range(2, config.initial_replicas + 1)]

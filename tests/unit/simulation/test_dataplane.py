@@ -12,6 +12,7 @@ from controlplane.simulation.costs import (
     HBM_EFFICIENCY,
     STEP_OVERHEAD_SECONDS,
     EngineCosts,
+    PlacedMemory,
     engine_costs,
     service_tokens_per_second,
 )
@@ -102,15 +103,16 @@ def test_decode_steps_slow_down_with_the_kv_each_running_request_reads() -> None
     assert first.completed_seconds - first.first_token_seconds == pytest.approx(10 * per_step)
 
 
-def test_engine_costs_follow_the_weights_bandwidth_and_compute_of_the_catalog() -> None:
+def test_engine_costs_follow_the_placed_memory_and_the_gpus_bandwidth_and_compute() -> None:
     catalog = load_catalog()
     model, gpu = catalog.model("meta-llama/Llama-3.1-8B"), catalog.gpu("H100-SXM-80GB")
-    costs = engine_costs(model, gpu, 1)
+    costs = engine_costs(model, gpu, 1, PlacedMemory(model.bf16_weight_bytes, 131_072))
     bandwidth = 3350e9 * HBM_EFFICIENCY
     assert costs.step_base_seconds == pytest.approx(
         STEP_OVERHEAD_SECONDS + model.bf16_weight_bytes / bandwidth)
     assert costs.kv_read_seconds_per_token == pytest.approx(131_072 / bandwidth)
-    assert engine_costs(model, gpu, 2).prefill_seconds_per_token == pytest.approx(
+    halves = PlacedMemory(model.bf16_weight_bytes / 2, 65_536)
+    assert engine_costs(model, gpu, 2, halves).prefill_seconds_per_token == pytest.approx(
         costs.prefill_seconds_per_token / 2)
     seconds_per_request = (1_000 * costs.prefill_seconds_per_token
                            + 200 * (costs.step_base_seconds / 32 + 1_100 * costs.kv_read_seconds_per_token))
