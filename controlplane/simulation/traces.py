@@ -140,10 +140,16 @@ def _kind_of(path: Path) -> str:
     return "mooncake" if first.startswith("{") else "azure"
 
 
+def _ascii_digits(text: str) -> bool:
+    """Whether `text` is one or more of 0-9: `str.isdigit` also takes '²' (which `int` refuses)
+    and other scripts' digits ('١٢', which `int` reads as 12)."""
+    return text.isascii() and text.isdigit()
+
+
 def _tokens(path: Path, line: int, field: str, raw: Any) -> int:
     if isinstance(raw, str):
         text = raw.strip()
-        if not text.isdigit():
+        if not _ascii_digits(text):
             raise TraceError(path, line, f"{field}: {raw!r} is not a whole number of tokens")
         value = int(text)
     elif isinstance(raw, int) and not isinstance(raw, bool):
@@ -157,12 +163,14 @@ def _tokens(path: Path, line: int, field: str, raw: Any) -> int:
 
 def _azure_time(path: Path, line: int, raw: str) -> float:
     whole, _, fraction = raw.strip().partition(".")
+    malformed = TraceError(path, line, f"TIMESTAMP: {raw!r} is not YYYY-MM-DD HH:MM:SS.fffffff")
+    if not whole.isascii():  # strptime's digits are any script's ('٢٠٢٣' is read as 2023)
+        raise malformed
     try:
         moment = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
     except ValueError:
-        raise TraceError(path, line, f"TIMESTAMP: {raw!r} is not YYYY-MM-DD HH:MM:SS.fffffff") \
-            from None
-    if fraction and not fraction.isdigit():
+        raise malformed from None
+    if fraction and not _ascii_digits(fraction):
         raise TraceError(path, line, f"TIMESTAMP: {raw!r} has a malformed fraction")
     # Seven fractional digits are more than strptime takes; read them as a decimal fraction.
     return moment.timestamp() + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)

@@ -125,3 +125,30 @@ def test_a_trace_spanning_more_than_ten_years_is_refused_at_the_line_past_it(
     with pytest.raises(TraceError) as raised:
         read_trace(path)
     assert raised.value.line == 3 and "ten years" in str(raised.value)
+
+
+@pytest.mark.parametrize(("row", "field"), [
+    ("2023-11-16 18:15:46.6805900,1\u00b2,44", "ContextTokens"),  # '1²': isdigit, not int()
+    ("2023-11-16 18:15:46.6805900,374,\u0661\u0662", "GeneratedTokens"),  # Arabic-Indic 12
+    ("2023-11-16 18:15:46.68059\u00b9,374,44", "TIMESTAMP"),
+    ("2023-11-16 18:15:46.\u0661\u0662,374,44", "TIMESTAMP"),
+    ("\u0662\u0660\u0662\u0663-11-16 18:15:46.0,374,44", "TIMESTAMP"),  # strptime's \d takes it
+])
+def test_a_number_in_other_than_ascii_digits_is_refused_naming_its_line_and_field(
+        tmp_path: Path, row: str, field: str) -> None:
+    path = _azure(tmp_path, "2023-11-16 18:15:40.0000000,1,1", row)
+    with pytest.raises(TraceError) as raised:
+        read_trace(path)
+    assert raised.value.line == 3 and field in str(raised.value) and raised.value.exit_code == 2
+
+
+@pytest.mark.parametrize("length", ["1\u00b2", "\u0661\u0662"])
+def test_a_mooncake_length_in_other_than_ascii_digits_is_refused_naming_its_line_and_field(
+        tmp_path: Path, length: str) -> None:
+    path = _mooncake(tmp_path, {"timestamp": 0, "input_length": 1, "output_length": 1,
+                                "hash_ids": [1]},
+                     {"timestamp": 1, "input_length": length, "output_length": 1,
+                      "hash_ids": [1]})
+    with pytest.raises(TraceError) as raised:
+        read_trace(path)
+    assert raised.value.line == 2 and "input_length" in str(raised.value)
