@@ -7,8 +7,10 @@ Two formats, told apart by the file's suffix (else by its first line):
   hash id per 512-token prefix block; equal ids mean reusable prefix KV.
 
 Guarantee: every request is read exactly as written (counts and token totals equal the file's);
-a missing file, a malformed row, time running backwards or a time out of range raises
-`TraceError` naming the file, the line and the field, and nothing is simulated.
+a missing file, a malformed row (a number in other than ASCII digits, a JSON line giving a key
+twice), time running backwards or a time out of range raises `TraceError` naming the file, the
+line and the field, and nothing is simulated. A UTF-8 byte order mark opening the file is skipped
+(spreadsheet exports write one).
 
 Time range: every request must fall within 1970-01-01..9000-01-01 (UTC; a Mooncake trace's zero
 is anchored at 2025-02-25) and at most ten years (`MAX_SPAN_SECONDS`) after the trace's first
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.errors import InputError
+from controlplane.files import DuplicateKey, loads_strict
 
 AZURE_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_BLOCK_TOKENS = 512
@@ -133,7 +136,7 @@ def _kind_of(path: Path) -> str:
     if suffix in (".jsonl", ".json"):
         return "mooncake"
     try:
-        with path.open(encoding="utf-8") as handle:
+        with path.open(encoding="utf-8-sig") as handle:
             first = handle.readline().strip()
     except (OSError, UnicodeDecodeError) as error:
         raise TraceError(path, None, f"cannot read: {error}") from None
@@ -178,7 +181,7 @@ def _azure_time(path: Path, line: int, raw: str) -> float:
 
 def _azure_rows(path: Path) -> Iterator[Row]:
     try:
-        with path.open(encoding="utf-8", newline="") as handle:
+        with path.open(encoding="utf-8-sig", newline="") as handle:
             reader = csv.reader(handle)
             header = next(reader, None)
             if header is None or tuple(cell.strip() for cell in header) != AZURE_HEADER:
@@ -204,7 +207,7 @@ def _served(path: Path, line: int, output: int) -> int:
 
 def _mooncake_rows(path: Path) -> Iterator[Row]:
     try:
-        with path.open(encoding="utf-8") as handle:
+        with path.open(encoding="utf-8-sig") as handle:
             for line, text in enumerate(handle, start=1):
                 if not text.strip():
                     continue
@@ -215,9 +218,11 @@ def _mooncake_rows(path: Path) -> Iterator[Row]:
 
 def _mooncake_row(path: Path, line: int, text: str) -> Row:
     try:
-        record = json.loads(text)
+        record = loads_strict(text)  # a key given twice is refused: the last would win silently
     except json.JSONDecodeError as error:
         raise TraceError(path, line, f"not JSON: {error.msg}") from None
+    except DuplicateKey as error:
+        raise TraceError(path, line, str(error)) from None
     except ValueError as error:  # an integer past Python's digit limit, say
         raise TraceError(path, line, f"not usable JSON: {str(error).split(';')[0]}") from None
     except RecursionError:

@@ -152,3 +152,29 @@ def test_a_mooncake_length_in_other_than_ascii_digits_is_refused_naming_its_line
     with pytest.raises(TraceError) as raised:
         read_trace(path)
     assert raised.value.line == 2 and "input_length" in str(raised.value)
+
+
+def test_a_mooncake_line_giving_a_key_twice_is_refused_naming_its_line_and_the_key(
+        tmp_path: Path) -> None:
+    path = _mooncake(tmp_path, {"timestamp": 0, "input_length": 1, "output_length": 1,
+                                "hash_ids": [1]},
+                     '{"timestamp": 9, "input_length": 1, "output_length": 1, "hash_ids": [1], '
+                     '"timestamp": 1}')
+    with pytest.raises(TraceError) as raised:
+        read_trace(path)
+    assert raised.value.line == 2 and "timestamp" in str(raised.value)
+    assert "t.jsonl" in str(raised.value) and raised.value.exit_code == 2
+
+
+def test_a_trace_starting_with_a_utf8_byte_order_mark_is_read_as_without_it(
+        tmp_path: Path) -> None:
+    azure = _azure(tmp_path, "2023-11-16 18:15:46.6805900,374,44", name="bom.csv")
+    azure.write_bytes(b"\xef\xbb\xbf" + azure.read_bytes())
+    assert [(r.line, r.prompt_tokens) for r in read_trace(azure).requests] == [(2, 374)]
+    mooncake = _mooncake(tmp_path, {"timestamp": 0, "input_length": 1, "output_length": 1,
+                                    "hash_ids": [1]})
+    mooncake.write_bytes(b"\xef\xbb\xbf" + mooncake.read_bytes())
+    assert read_trace(mooncake).requests[0].block_hash_ids == (1,)
+    unsuffixed = tmp_path / "trace"  # told apart by its first line
+    unsuffixed.write_bytes(mooncake.read_bytes())
+    assert read_trace(unsuffixed).kind == "mooncake"
