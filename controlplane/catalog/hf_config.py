@@ -52,8 +52,8 @@ def _parse(raw: dict[str, Any]) -> Architecture:
     layers = config_count(config, "num_hidden_layers")
     hidden = config_count(config, "hidden_size")
     heads = config_count(config, "num_attention_heads")
-    kv_heads = config_count(config, "num_key_value_heads", default=heads)
     head_dim = _head_dim(config, hidden, heads)
+    kv_heads = _kv_heads(config, heads)
     latent = _latent(config)
     dtype_name = config.get("torch_dtype", config.get("dtype"))
     declared = parse_dtype(dtype_name, "torch_dtype") if isinstance(dtype_name, str) else None
@@ -98,6 +98,18 @@ def _normalise(config: dict[str, Any]) -> dict[str, Any]:
         renamed.setdefault("num_key_value_heads", renamed.get("num_attention_heads"))
         config = renamed
     return config
+
+
+def _kv_heads(config: Mapping[str, Any], heads: int) -> int:
+    """The KV heads, each serving an equal group of the query heads: a count above the
+    attention heads, or one that does not divide them, is a shape no runtime loads."""
+    kv_heads: int = config_count(config, "num_key_value_heads", default=heads)
+    if heads % kv_heads:
+        raise CatalogError("config_field_invalid", "num_key_value_heads",
+                           f"config num_key_value_heads {kv_heads} must divide "
+                           f"num_attention_heads {heads}: each KV head serves an equal group "
+                           "of query heads")
+    return kv_heads
 
 
 def _head_dim(config: Mapping[str, Any], hidden: int, heads: int) -> int:

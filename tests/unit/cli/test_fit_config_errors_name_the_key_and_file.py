@@ -38,6 +38,7 @@ def config_file(tmp_path: Path, **changes: Any) -> Path:
 @pytest.mark.parametrize(("changes", "key", "code"), [
     ({"head_dim": 0}, "head_dim", "config_field_invalid"),  # --head-dim shares the name
     ({"num_key_value_heads": -8}, "num_key_value_heads", "config_field_invalid"),
+    ({"num_key_value_heads": 48}, "num_key_value_heads", "config_field_invalid"),  # > 32 heads
     ({"max_position_embeddings": 10**16}, "max_position_embeddings", "config_field_out_of_range"),
     ({"num_hidden_layers": 10**16}, "num_hidden_layers", "config_field_out_of_range"),
     ({"torch_dtype": "float9"}, "torch_dtype", "dtype_unknown"),
