@@ -14,7 +14,7 @@ from datetime import datetime
 
 from controlplane.catalog.errors import CatalogError
 from controlplane.catalog.gpus import GpuType
-from controlplane.catalog.registry import CatalogModel, load_catalog
+from controlplane.catalog.registry import FIXTURES_ENV, CatalogModel, load_catalog
 from controlplane.commands.base import CommandBase
 from controlplane.commands.fleet import (
     GpuSpec,
@@ -68,6 +68,9 @@ def resolve_catalog(config: SimulationConfig) -> tuple[CatalogModel, GpuType]:
     InputError naming the option otherwise."""
     try:
         catalog = load_catalog()
+    except CatalogError as error:  # the catalog's files: where FLEET_FIXTURES_DIR points
+        raise InputError(f"{FIXTURES_ENV}: {error.message}") from None
+    try:
         model, gpu = catalog.model(config.model_id), catalog.gpu(config.gpu_id)
     except CatalogError as error:
         raise InputError(f"--{error.field}: {error.message}") from None

@@ -63,6 +63,15 @@ def test_a_gpu_the_engines_cannot_be_costed_on_exits_2_and_leaves_no_log(tmp_pat
     assert _no_log(log)
 
 
+def test_a_catalog_it_cannot_read_is_blamed_on_the_fixtures_variable_and_leaves_no_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # It printed "--/nowhere/catalog/models.json: ..." as if that were an option.
+    monkeypatch.setenv("FLEET_FIXTURES_DIR", str(tmp_path / "nowhere"))
+    code, stderr = _simulate(tmp_path / "run.db")
+    assert code == 2 and stderr.startswith("error: FLEET_FIXTURES_DIR: cannot read catalog file")
+    assert _no_log(tmp_path / "run.db")
+
+
 def test_a_refused_run_with_overwrite_leaves_the_old_log_as_it_was(tmp_path: Path) -> None:
     log = tmp_path / "sim.db"
     log.write_bytes(b"an earlier run's log")
