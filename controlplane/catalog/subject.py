@@ -91,6 +91,12 @@ def resolve_subject(model: str | None, config: Mapping[str, Any] | None,
                                        f"{name} does not size latent (MLA) KV: not declarable")
     changes = {name: getattr(overrides, name) for name in ("kv_heads", "head_dim")
                if getattr(overrides, name) is not None}
+    kv_heads = changes.get("kv_heads")
+    if kv_heads is not None and arch.attention_heads % kv_heads:
+        raise PolicyInputError(
+            "override_not_applicable", "kv_heads",
+            f"{kv_heads} KV heads must divide the model's {arch.attention_heads} attention "
+            "heads: each KV head serves an equal group of query heads")
     if changes:
         arch = replace(arch, **changes)
     if overrides.layers is not None:

@@ -193,3 +193,19 @@ def test_a_catalog_it_cannot_read_is_blamed_on_the_fixtures_variable(
     assert result.stderr.startswith(
         f"error: FLEET_FIXTURES_DIR ({tmp_path / 'nowhere' / 'catalog' / 'models.json'}): ")
     assert result.stderr.rstrip().endswith("[catalog_unreadable]")
+
+
+@pytest.mark.parametrize("kv_heads", ["48", "5"])
+def test_kv_heads_that_do_not_divide_the_models_attention_heads_are_refused(kv_heads: str) -> None:
+    # Sized without complaint: a shape no runtime loads.
+    result = run("--model", "meta-llama/Llama-3.1-8B", "--gpu", "H100", "--max-model-len", "8192",
+                 "--kv-heads", kv_heads)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: --kv-heads: {kv_heads} KV heads must divide the "
+                                    "model's 32 attention heads")
+
+
+def test_kv_heads_that_divide_the_attention_heads_still_size_the_model() -> None:
+    exit_code, report = run_json("--model", "meta-llama/Llama-3.1-405B", "--gpu", "H100",
+                                 "--tp", "8", "--max-model-len", "8192", "--kv-heads", "16")
+    assert exit_code in (0, 1) and report["kv_bytes_per_token"] == 1_032_192
